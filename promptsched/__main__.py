@@ -1,0 +1,7 @@
+"""``python -m promptsched`` is the ``promptsched`` command."""
+
+import sys
+
+from promptsched.cli import main
+
+sys.exit(main())

@@ -1,0 +1,153 @@
+"""One validated, frozen configuration, built from ``PROMPTSCHED_*`` variables and an optional
+TOML file, identical on every replica."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from promptsched.durations import parse_duration
+from promptsched.errors import ConfigError
+
+ROLES = ("scheduler", "worker", "reaper", "notifier", "api")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    database_url: str | None = None
+    data_dir: Path = Path(".promptsched")
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    workers: int = 4
+    roles: tuple[str, ...] = ROLES
+    lease: timedelta = timedelta(seconds=30)
+    heartbeat: timedelta = timedelta(seconds=10)
+    drain_grace: timedelta = timedelta(seconds=10)
+    retry_base: timedelta = timedelta(seconds=2)
+    retry_max: timedelta = timedelta(hours=1)
+    scheduler_batch: int = 500
+    scheduler_max_sleep: timedelta = timedelta(seconds=5)
+    worker_max_sleep: timedelta = timedelta(seconds=5)
+    reaper_max_sleep: timedelta = timedelta(seconds=5)
+    log_level: str = "info"
+    log_format: str = "auto"
+    worker_id: str | None = None
+    providers_raw: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def validate(self) -> Config:
+        if self.workers < 0 or self.workers > 10_000:
+            raise ConfigError("PROMPTSCHED_WORKERS", "must be between 0 and 10000")
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError("PROMPTSCHED_HTTP_PORT", "must be a port number (0 picks a free one)")
+        if self.lease < timedelta(seconds=1):
+            raise ConfigError("PROMPTSCHED_LEASE", "must be at least 1s")
+        if self.heartbeat <= timedelta(0) or self.heartbeat * 2 > self.lease:
+            raise ConfigError(
+                "PROMPTSCHED_HEARTBEAT",
+                f"must be positive and at most half of PROMPTSCHED_LEASE ({self.lease}), so one "
+                "late heartbeat does not lose the lease",
+            )
+        unknown = sorted(set(self.roles) - set(ROLES))
+        if unknown or not self.roles:
+            raise ConfigError("PROMPTSCHED_ROLES", f"roles are {', '.join(ROLES)}; got {unknown}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError("PROMPTSCHED_LOG_LEVEL", f"one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in ("json", "console", "auto"):
+            raise ConfigError("PROMPTSCHED_LOG_FORMAT", "json or console")
+        return self
+
+    def resolved_log_format(self) -> str:
+        if self.log_format != "auto":
+            return self.log_format
+        return "console" if sys.stderr.isatty() else "json"
+
+
+# variable suffix -> (field, parser)
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(name, f"must be a whole number, got {text!r}") from None
+
+
+def _duration(name: str, text: str) -> timedelta:
+    try:
+        return parse_duration(text, field=name)
+    except ConfigError:
+        raise
+    except Exception as exc:  # ValidationError from the duration parser
+        raise ConfigError(name, str(exc).split(": ", 1)[-1]) from None
+
+
+def _roles(name: str, text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _str(name: str, text: str) -> str:
+    return text
+
+
+_PARSERS: dict[str, Any] = {
+    "database_url": _str,
+    "data_dir": lambda name, text: Path(text),
+    "http_host": _str,
+    "http_port": _int,
+    "workers": _int,
+    "roles": _roles,
+    "lease": _duration,
+    "heartbeat": _duration,
+    "drain_grace": _duration,
+    "retry_base": _duration,
+    "retry_max": _duration,
+    "scheduler_batch": _int,
+    "scheduler_max_sleep": _duration,
+    "worker_max_sleep": _duration,
+    "reaper_max_sleep": _duration,
+    "log_level": lambda name, text: text.lower(),
+    "log_format": lambda name, text: text.lower(),
+    "worker_id": _str,
+}
+
+SETTINGS = tuple(_PARSERS)
+
+
+def env_name(setting: str) -> str:
+    return f"PROMPTSCHED_{setting.upper()}"
+
+
+def load(
+    env: Mapping[str, str] | None = None, overrides: Mapping[str, str | None] | None = None
+) -> Config:
+    """Build the config: defaults < TOML file (``PROMPTSCHED_CONFIG``) < environment < flags."""
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    toml: dict[str, Any] = {}
+    config_file = env.get("PROMPTSCHED_CONFIG")
+    if config_file:
+        try:
+            toml = tomllib.loads(Path(config_file).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("PROMPTSCHED_CONFIG", f"cannot read {config_file}: {exc}") from None
+        for key, value in toml.items():
+            if key in _PARSERS:
+                values[key] = _PARSERS[key](f"{config_file}: {key}", str(value))
+            elif key != "providers":
+                raise ConfigError(f"{config_file}: {key}", f"unknown setting (known: {SETTINGS})")
+    for setting, parser in _PARSERS.items():
+        text = env.get(env_name(setting))
+        if text is not None and text != "":
+            values[setting] = parser(env_name(setting), text)
+    for setting, text in (overrides or {}).items():
+        if text is not None:
+            values[setting] = _PARSERS[setting](f"--{setting.replace('_', '-')}", str(text))
+    known = {f.name for f in fields(Config)}
+    config = Config(**{k: v for k, v in values.items() if k in known})
+    return replace(config, providers_raw=toml.get("providers", {}), env=env).validate()

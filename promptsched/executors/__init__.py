@@ -1,0 +1,1 @@
+"""Executors: the named providers that turn a rendered prompt into output."""

@@ -1,0 +1,67 @@
+"""The executor protocol, the request/result types, and the provider registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from promptsched.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    """Everything an executor may use for one attempt. Every attempt is a fresh conversation."""
+
+    run_id: int
+    schedule_id: int
+    schedule_name: str
+    attempt_id: UUID
+    attempt: int
+    slot: datetime
+    timezone: str
+    prompt: str
+    model: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    output: str
+    usage: Mapping[str, int] | None = None
+
+
+class Executor(Protocol):
+    """A provider. ``execute`` raises ``promptsched.errors.ExecutorError`` subclasses on failure
+    and must abort promptly when cancelled (a fenced or cancelled attempt)."""
+
+    name: str
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Registry:
+    """Named executors configured on the server."""
+
+    def __init__(self, executors: Mapping[str, Executor]) -> None:
+        self._executors = dict(executors)
+
+    def get(self, name: str) -> Executor:
+        try:
+            return self._executors[name]
+        except KeyError:
+            known = ", ".join(sorted(self._executors)) or "none"
+            raise ConfigError(
+                "provider", f"unknown provider {name!r} (configured: {known})"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._executors)
+
+    async def aclose(self) -> None:
+        for executor in self._executors.values():
+            await executor.aclose()

@@ -1,0 +1,277 @@
+"""The HTTP plumbing of the HTTP providers: one POST, and how it ends (statuses, ``Retry-After``,
+transport failures and bodies) mapped onto the executor error tree.
+
+| outcome                                   | error            |
+| ----------------------------------------- | ---------------- |
+| timeout, connection refused/reset/dropped | RetryableError   |
+| 5xx, 408, 429 (``Retry-After`` honoured)  | RetryableError   |
+| 3xx (not followed), other 4xx             | PermanentError   |
+| unparsable or incomplete 2xx body         | PermanentError   |
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http import HTTPStatus
+from typing import Any
+
+import aiohttp
+import anyio
+
+from promptsched.durations import format_duration
+from promptsched.errors import ExecutorError, PermanentError, RetryableError
+from promptsched.secret import Secret
+
+EXCERPT_CHARS = 300
+MAX_RESPONSE_BYTES = 10 * 1024 * 1024
+_RETRYABLE_4XX = frozenset({408, 429})
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_HINTS = {
+    401: " (check the provider's API key)",
+    403: " (check the provider's API key and its permissions)",
+    404: " (check the provider's base_url and the model name)",
+}
+
+
+def seconds_text(seconds: float) -> str:
+    """``12s``, ``300ms``, ``2m``: the duration syntax users write."""
+    return format_duration(timedelta(seconds=seconds))
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delay-seconds or an HTTP-date), relative
+    to ``now`` (aware). ``None`` when absent or unreadable; a date in the past gives 0."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if _SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" parses naive; HTTP-dates are always GMT
+        when = when.replace(tzinfo=UTC)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    return max(0.0, (when - now).total_seconds())
+
+
+def _reference_now(headers: Mapping[str, str], now: datetime | None) -> datetime:
+    # An HTTP-date Retry-After is best read against the response's own Date header: both come
+    # from the server's clock, so our clock's skew does not matter.
+    date = headers.get("date")
+    if date:
+        try:
+            parsed = email.utils.parsedate_to_datetime(date)
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        except (TypeError, ValueError, IndexError):
+            pass
+    return now if now is not None else datetime.now(UTC)
+
+
+def _json_message(text: str) -> str | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    for key in ("error", "message", "detail"):
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    return None
+
+
+def body_excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
+    """A short one-line excerpt of an error body (the ``error.message`` of a JSON error)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = _json_message(text) or text
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def classify_status(
+    status: int,
+    headers: Mapping[str, str],
+    body_excerpt: str,
+    *,
+    provider: str = "http",
+    now: datetime | None = None,
+) -> ExecutorError:
+    """The error for a non-2xx response. 5xx, 408 and 429 are retryable (with ``retry_after``
+    from ``Retry-After``); anything else is permanent.
+
+    An HTTP-date ``Retry-After`` is measured from the response's ``Date`` header, else from
+    ``now``, else from the local wall clock.
+    """
+    lowered = {key.lower(): value for key, value in headers.items()}
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""
+    label = f"{provider}: HTTP {status} {reason}".rstrip()
+    detail = f": {body_excerpt}" if body_excerpt else ""
+    if status >= 500 or status in _RETRYABLE_4XX:
+        retry_after = parse_retry_after(lowered.get("retry-after"), _reference_now(lowered, now))
+        if retry_after is not None:
+            label += f" (retry after {seconds_text(retry_after)})"
+        return RetryableError(label + detail, retry_after=retry_after)
+    if 300 <= status < 400:
+        location = lowered.get("location", "?")
+        return PermanentError(
+            f"{label}: redirect to {location} not followed (set base_url to the final URL)"
+        )
+    return PermanentError(label + _HINTS.get(status, "") + detail)
+
+
+def invalid_response(provider: str, detail: str) -> PermanentError:
+    return PermanentError(f"{provider}: invalid response: {detail}")
+
+
+def classify_exception(
+    exc: BaseException, *, provider: str, connect_timeout: float
+) -> ExecutorError | None:
+    """The error for a transport failure, or ``None`` if ``exc`` is not one (re-raise it)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return RetryableError(
+            f"{provider}: connection timed out after {seconds_text(connect_timeout)}"
+        )
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return RetryableError(f"{provider}: timed out: {exc}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return RetryableError(f"{provider}: connection lost while reading the response ({exc})")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return RetryableError(f"{provider}: server closed the connection before answering")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        reason = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
+        return RetryableError(f"{provider}: cannot connect to {exc.host}:{exc.port}: {reason}")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return PermanentError(f"{provider}: invalid URL {exc}")
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return invalid_response(provider, exc.message)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return RetryableError(f"{provider}: connection error: {str(exc) or type(exc).__name__}")
+    return None
+
+
+def redact_error(error: ExecutorError, secret: Secret | None) -> ExecutorError:
+    """``error`` with the secret masked out of its message (a server may echo the key back)."""
+    if secret is None or secret.redact(error.message) == error.message:
+        return error
+    return type(error)(secret.redact(error.message), retry_after=error.retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """A 2xx response, fully read."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    charset: str | None
+
+    def text(self) -> str:
+        return self.body.decode(self.charset or "utf-8", "replace")
+
+    def json(self, provider: str) -> Any:
+        try:
+            return json.loads(self.text())
+        except ValueError as exc:
+            raise invalid_response(provider, f"body is not JSON ({exc})") from None
+
+
+def open_session(*, connect_timeout: float, max_concurrency: int) -> aiohttp.ClientSession:
+    """One session per provider. The whole-request timeout is applied per call by
+    ``post_json``; the pool is larger than the provider's limit so the ``Limiter``, not the
+    pool, is what makes callers wait."""
+    connector = aiohttp.TCPConnector(limit=max(100, max_concurrency))
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+def request_headers(
+    configured: Mapping[str, str], api_key: Secret | None, *, user_agent: str = "promptsched"
+) -> dict[str, str]:
+    """Configured headers plus ``User-Agent`` and, with a key, ``Authorization: Bearer``.
+
+    The result holds the revealed key: build it per request and never log it.
+    """
+    headers = {"User-Agent": user_agent, **configured}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key.reveal()}"
+    return headers
+
+
+async def _read_limited(response: aiohttp.ClientResponse, provider: str) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise invalid_response(provider, f"body larger than {MAX_RESPONSE_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: Mapping[str, str],
+    provider: str,
+) -> HttpReply:
+    async with session.post(url, data=data, headers=headers, allow_redirects=False) as response:
+        body = await _read_limited(response, provider)
+        if not 200 <= response.status < 300:
+            raise classify_status(
+                response.status, response.headers, body_excerpt(body), provider=provider
+            )
+        return HttpReply(response.status, response.headers, body, response.charset)
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, Any],
+    *,
+    headers: Mapping[str, str],
+    provider: str,
+    request_timeout: float,
+    connect_timeout: float,
+) -> HttpReply:
+    """POST ``payload`` as JSON and return the 2xx reply, or raise a classified error.
+
+    ``request_timeout`` bounds the whole exchange (connect, send, read the body). Cancellation
+    from outside (a fenced attempt) propagates untouched and aborts the connection.
+    """
+    try:
+        data = json.dumps(payload, ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise PermanentError(f"{provider}: request is not JSON-serializable: {exc}") from None
+    all_headers = {"Content-Type": "application/json", **headers}
+    try:
+        with anyio.fail_after(request_timeout):
+            return await _exchange(session, url, data, all_headers, provider)
+    except ExecutorError:
+        raise
+    except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's timeouts subclass it
+        raise _transport_error(exc, provider, connect_timeout) from None
+    except TimeoutError:
+        message = f"{provider}: request timed out after {seconds_text(request_timeout)}"
+        raise RetryableError(message) from None
+    except OSError as exc:
+        raise _transport_error(exc, provider, connect_timeout) from None
+
+
+def _transport_error(exc: BaseException, provider: str, connect_timeout: float) -> ExecutorError:
+    error = classify_exception(exc, provider=provider, connect_timeout=connect_timeout)
+    return error or RetryableError(f"{provider}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,57 @@
+"""The ``echo`` provider: deterministic output with optional latency and injected failures."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from promptsched.durations import parse_duration
+from promptsched.errors import PermanentError, RetryableError
+from promptsched.executors.base import ExecutionRequest, ExecutionResult
+
+
+def _fraction(*parts: object) -> float:
+    """A stable number in [0, 1) from the parts, so failure injection is reproducible."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _float_param(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PermanentError(f"echo param {key} must be a number, got {value!r}") from None
+
+
+class EchoExecutor:
+    """Echoes the prompt. Params: ``latency`` (duration), ``fail_rate`` (0..1),
+    ``fail_attempts`` (fail the first N attempts of every run), ``fail_permanent`` (bool)."""
+
+    name = "echo"
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        params = request.params
+        latency = params.get("latency")
+        if latency:
+            await anyio.sleep(parse_duration(str(latency), field="latency").total_seconds())
+        fail_attempts = int(_float_param(params, "fail_attempts", 0))
+        fail_rate = _float_param(params, "fail_rate", 0.0)
+        failing = request.attempt <= fail_attempts or (
+            fail_rate > 0 and _fraction(request.run_id, request.attempt) < fail_rate
+        )
+        if failing:
+            message = f"echo: injected failure on attempt {request.attempt}"
+            if str(params.get("fail_permanent", "")).lower() in ("1", "true", "yes"):
+                raise PermanentError(message)
+            raise RetryableError(message)
+        return ExecutionResult(
+            output=f"echo: {request.prompt}",
+            usage={"prompt_tokens": len(request.prompt.split()), "completion_tokens": 0},
+        )
+
+    async def aclose(self) -> None:
+        return None

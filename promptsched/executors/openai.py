@@ -1,0 +1,209 @@
+"""The ``openai`` provider: a chat completion from any OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from promptsched.errors import ExecutorError, PermanentError, ValidationError
+from promptsched.executors import classify
+from promptsched.executors.base import ExecutionRequest, ExecutionResult
+
+if TYPE_CHECKING:
+    from promptsched.executors.settings import ProviderSettings
+
+SYSTEM_PARAM = "system"
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("must be a number")
+    return float(value)
+
+
+def _whole(value: Any) -> int:
+    number = _number(value)
+    if not number.is_integer():
+        raise ValueError("must be a whole number")
+    return int(number)
+
+
+def _stop(value: Any) -> str | list[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise ValueError("must be a string or a list of strings")
+
+
+def _response_format(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value) if value.lstrip().startswith("{") else {"type": value}
+    if not isinstance(value, Mapping) or not isinstance(value.get("type"), str):
+        raise ValueError('must be "text", "json_object" or an object with a "type"')
+    return dict(value)
+
+
+# The generation parameters a schedule may set, and how a CLI string becomes the wire type.
+GENERATION_PARAMS: Mapping[str, Callable[[Any], Any]] = {
+    "temperature": _number,
+    "top_p": _number,
+    "presence_penalty": _number,
+    "frequency_penalty": _number,
+    "max_tokens": _whole,
+    "max_completion_tokens": _whole,
+    "seed": _whole,
+    "stop": _stop,
+    "response_format": _response_format,
+}
+
+
+def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The request body's generation fields from a schedule's params (``system`` excluded).
+
+    Raises ``ValidationError`` naming ``params.KEY`` for an unknown key or a bad value, so the
+    API can reject it when the schedule is saved.
+    """
+    body: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == SYSTEM_PARAM:
+            if not isinstance(value, str):
+                raise ValidationError(f"params.{key}", "must be a string")
+            continue
+        convert = GENERATION_PARAMS.get(key)
+        if convert is None:
+            known = ", ".join([SYSTEM_PARAM, *GENERATION_PARAMS])
+            raise ValidationError(f"params.{key}", f"unknown parameter; known: {known}")
+        try:
+            body[key] = convert(value)
+        except ValueError as exc:
+            raise ValidationError(f"params.{key}", f"{exc} (got {value!r})") from None
+    return body
+
+
+def validate_params(params: Mapping[str, Any]) -> None:
+    """Raise ``ValidationError`` if the params would be rejected at run time."""
+    generation_params(params)
+
+
+def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A fresh conversation: the optional system prompt, then the rendered prompt."""
+    messages: list[dict[str, Any]] = []
+    system = params.get(SYSTEM_PARAM)
+    if isinstance(system, str) and system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """``choices[0]`` of one chat completion: the assistant message as sent (it may carry
+    ``tool_calls``), its text content, why it stopped, and the token usage."""
+
+    message: Mapping[str, Any]
+    content: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
+
+
+def parse_chat_reply(data: Any, provider: str) -> ChatReply:
+    """Read a chat-completion body; anything unexpected is a permanent invalid response."""
+    if not isinstance(data, dict):
+        raise classify.invalid_response(provider, "expected a JSON object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        error = classify.body_excerpt(json.dumps(data)) if "error" in data else "no choices"
+        raise classify.invalid_response(provider, error)
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise classify.invalid_response(provider, "choices[0].message is missing")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise classify.invalid_response(provider, "choices[0].message.content is not a string")
+    usage = data.get("usage")
+    finish_reason = choices[0].get("finish_reason")
+    return ChatReply(
+        message=message,
+        content=content,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        usage={
+            key: value
+            for key, value in (usage.items() if isinstance(usage, dict) else ())
+            if isinstance(value, int) and not isinstance(value, bool)
+        },
+    )
+
+
+class OpenAIExecutor:
+    """POSTs ``{base_url}/chat/completions``; one ``aiohttp`` session per provider, opened on
+    first use and closed by ``aclose``. Errors never contain the API key."""
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        if not settings.base_url:
+            raise ValueError(f"provider {settings.name!r} has no base_url")
+        self.name = settings.name
+        self._settings = settings
+        self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = classify.open_session(
+                connect_timeout=self._settings.connect_timeout.total_seconds(),
+                max_concurrency=self._settings.max_concurrency,
+            )
+        return self._http
+
+    async def chat_completion(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        params: Mapping[str, Any],
+    ) -> ChatReply:
+        """One chat-completion request. ``params`` are wire-ready generation fields (see
+        ``generation_params``). A tool-calling loop calls this once per turn."""
+        payload = {**params, "model": model, "messages": list(messages)}
+        settings = self._settings
+        try:
+            reply = await classify.post_json(
+                self._session(),
+                self._url,
+                payload,
+                headers=classify.request_headers(settings.headers, settings.api_key),
+                provider=self.name,
+                request_timeout=settings.request_timeout.total_seconds(),
+                connect_timeout=settings.connect_timeout.total_seconds(),
+            )
+            return parse_chat_reply(reply.json(self.name), self.name)
+        except ExecutorError as exc:
+            raise classify.redact_error(exc, settings.api_key) from None
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        model = request.model or self._settings.default_model
+        if not model:
+            raise PermanentError(
+                f"{self.name}: no model (set the schedule's model or the provider's default_model)"
+            )
+        try:
+            params = generation_params(request.params)
+        except ValidationError as exc:
+            raise PermanentError(f"{self.name}: {exc}") from None
+        messages = build_messages(request.prompt, request.params)
+        reply = await self.chat_completion(messages, model=model, params=params)
+        if reply.content is None:
+            refusal = reply.message.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                raise PermanentError(f"{self.name}: the model refused: {refusal[:300]}")
+            raise classify.invalid_response(self.name, "choices[0].message.content is empty")
+        return ExecutionResult(output=reply.content, usage=reply.usage or None)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()

@@ -1,0 +1,123 @@
+"""Prompt templates: a tiny ``{{ variable }}`` syntax over a fixed set of run-context variables.
+
+No attribute access, filters or code: a tag holds one known variable name. Text outside tags,
+including single braces (JSON examples), passes through untouched. Substituted values are
+never re-scanned, so a previous output containing ``{{ x }}`` stays literal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from promptsched.errors import ValidationError
+
+VARIABLES: Mapping[str, str] = {
+    "schedule_name": "the schedule's name",
+    "schedule_id": "the schedule's id",
+    "run_id": "this run's id",
+    "slot": "the slot time in the schedule's zone, ISO 8601 with offset",
+    "slot_utc": "the slot time in UTC, ISO 8601",
+    "timezone": "the schedule's IANA zone, e.g. Europe/Paris",
+    "date": "the slot's local date, YYYY-MM-DD",
+    "previous_run_at": "time of the previous successful run, in the schedule's zone ('' if none)",
+    "previous_output": "output of the previous successful run ('' if none)",
+}
+
+_OPEN, _CLOSE = "{{", "}}"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _fail(field: str, message: str) -> ValidationError:
+    return ValidationError(field, message)
+
+
+def _check_name(inner: str, position: int, field: str) -> str:
+    name = inner.strip()
+    if not name:
+        raise _fail(field, f"empty tag {{{{ }}}} at position {position}")
+    if _NAME.fullmatch(name) is None:
+        raise _fail(
+            field,
+            f"invalid tag {{{{ {name} }}}} at position {position}: a tag holds one variable "
+            "name (no attribute access, filters or expressions)",
+        )
+    if name not in VARIABLES:
+        close = difflib.get_close_matches(name, list(VARIABLES), n=1)
+        hint = f" (did you mean {{{{ {close[0]} }}}}?)" if close else ""
+        known = ", ".join(VARIABLES)
+        raise _fail(field, f"unknown variable {{{{ {name} }}}}{hint}; known variables: {known}")
+    return name
+
+
+def _parts(template: str, field: str) -> Iterator[tuple[bool, str]]:
+    """Yield (is_variable, text) pieces in order, raising on the first bad tag."""
+    position = 0
+    while True:
+        start = template.find(_OPEN, position)
+        if start < 0:
+            yield False, template[position:]
+            return
+        end = template.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            raise _fail(field, f"unclosed tag: '{{{{' at position {start} has no '}}}}'")
+        yield False, template[position:start]
+        yield True, _check_name(template[start + len(_OPEN) : end], start, field)
+        position = end + len(_CLOSE)
+
+
+def validate(template: str, *, field: str = "prompt") -> None:
+    """Raise ``ValidationError(field, ...)`` if the template has a bad or unknown tag."""
+    if not isinstance(template, str):
+        raise _fail(field, "must be a string")
+    for _ in _parts(template, field):
+        pass
+
+
+def variables_used(template: str, *, field: str = "prompt") -> set[str]:
+    """The variable names a (valid) template refers to."""
+    return {text for is_variable, text in _parts(template, field) if is_variable}
+
+
+def render(template: str, context: Mapping[str, str], *, field: str = "prompt") -> str:
+    """Substitute each tag with ``context[name]`` ('' when the context lacks it).
+
+    Raises ``ValidationError`` like ``validate`` for a bad template; the worker treats that as
+    a permanent failure of the run.
+    """
+    pieces = [
+        str(context.get(text, "")) if is_variable else text
+        for is_variable, text in _parts(template, field)
+    ]
+    return "".join(pieces)
+
+
+def build_context(
+    *,
+    run_id: int,
+    schedule_id: int,
+    schedule_name: str,
+    slot: datetime,
+    timezone: str,
+    previous_run_at: datetime | None = None,
+    previous_output: str | None = None,
+) -> dict[str, str]:
+    """The template variables for one run; ``slot`` must be timezone-aware."""
+    if slot.tzinfo is None:
+        raise ValueError("slot must be timezone-aware")
+    zone = ZoneInfo(timezone)
+    local = slot.astimezone(zone)
+    return {
+        "schedule_name": schedule_name,
+        "schedule_id": str(schedule_id),
+        "run_id": str(run_id),
+        "slot": local.isoformat(),
+        "slot_utc": slot.astimezone(UTC).isoformat(),
+        "timezone": timezone,
+        "date": local.date().isoformat(),
+        "previous_run_at": previous_run_at.astimezone(zone).isoformat() if previous_run_at else "",
+        "previous_output": previous_output or "",
+    }

@@ -1,0 +1,104 @@
+"""The ``webhook`` provider: POST the rendered prompt and run context as JSON to a URL and take
+the response body as the output."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from promptsched.errors import ExecutorError
+from promptsched.executors import classify
+from promptsched.executors.base import ExecutionRequest, ExecutionResult
+
+if TYPE_CHECKING:
+    from promptsched.executors.settings import ProviderSettings
+
+
+def idempotency_key(run_id: int) -> str:
+    """The same on every attempt of a run, so the receiver can drop duplicates."""
+    return f"promptsched-run-{run_id}"
+
+
+def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any]:
+    return {
+        "run_id": request.run_id,
+        "schedule_id": request.schedule_id,
+        "schedule_name": request.schedule_name,
+        "slot": request.slot.astimezone(UTC).isoformat(),
+        "timezone": request.timezone,
+        "attempt": request.attempt,
+        "attempt_id": str(request.attempt_id),
+        "prompt": request.prompt,
+        "model": model,
+        "params": dict(request.params),
+    }
+
+
+def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
+    """A JSON object with a string ``output`` gives that (and its ``usage``); any other body is
+    the output as text."""
+    text = reply.text()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ExecutionResult(output=text)
+    if not isinstance(data, dict) or "output" not in data:
+        return ExecutionResult(output=text)
+    output = data["output"]
+    if not isinstance(output, str):
+        raise classify.invalid_response(provider, '"output" must be a string')
+    usage = data.get("usage")
+    counts = {
+        key: value
+        for key, value in (usage.items() if isinstance(usage, dict) else ())
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+    return ExecutionResult(output=output, usage=counts or None)
+
+
+class WebhookExecutor:
+    """POSTs ``{run_id, schedule_id, schedule_name, slot, timezone, attempt, attempt_id, prompt,
+    model, params}`` with an ``Idempotency-Key`` stable for the run."""
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        if not settings.base_url:
+            raise ValueError(f"provider {settings.name!r} has no base_url")
+        self.name = settings.name
+        self._settings = settings
+        self._url = settings.base_url
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = classify.open_session(
+                connect_timeout=self._settings.connect_timeout.total_seconds(),
+                max_concurrency=self._settings.max_concurrency,
+            )
+        return self._http
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        settings = self._settings
+        headers = classify.request_headers(settings.headers, settings.api_key)
+        headers["Idempotency-Key"] = idempotency_key(request.run_id)
+        payload = build_payload(request, request.model or settings.default_model)
+        try:
+            reply = await classify.post_json(
+                self._session(),
+                self._url,
+                payload,
+                headers=headers,
+                provider=self.name,
+                request_timeout=settings.request_timeout.total_seconds(),
+                connect_timeout=settings.connect_timeout.total_seconds(),
+            )
+            return parse_reply(reply, self.name)
+        except ExecutorError as exc:
+            raise classify.redact_error(exc, settings.api_key) from None
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()

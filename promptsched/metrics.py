@@ -1,0 +1,151 @@
+"""Every Prometheus object promptsched exports, created in one place (prefix ``promptsched_``)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
+
+_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class Metrics:
+    """One registry per process; roles receive it in their constructor."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        ns = "promptsched"
+        self.ticks = Counter(
+            "ticks",
+            "Slots the scheduler turned into run rows, by outcome (enqueued, skipped, duplicate)",
+            ["outcome"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.dropped_ticks = Counter(
+            "dropped_ticks",
+            "Slots that will not run, by reason (overlap, misfire, catchup_window, disabled)",
+            ["reason"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.tick_lag = Histogram(
+            "tick_lag_seconds",
+            "Slot time to run row committed",
+            namespace=ns,
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.start_lag = Histogram(
+            "start_lag_seconds",
+            "Slot time (or retry time) to attempt start",
+            namespace=ns,
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.claims = Counter(
+            "claims",
+            "Claim queries by result (claimed, empty, contended)",
+            ["result"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.leases_renewed = Counter(
+            "leases_renewed", "Leases renewed by heartbeats", namespace=ns, registry=registry
+        )
+        self.leases_lost = Counter(
+            "leases_lost", "Heartbeats that found their lease gone", namespace=ns, registry=registry
+        )
+        self.leases_reaped = Counter(
+            "leases_reaped",
+            "Expired leases the reaper took back, by outcome (retry, dead)",
+            ["outcome"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.leases_released = Counter(
+            "leases_released", "Leases handed back on shutdown", namespace=ns, registry=registry
+        )
+        self.fenced_writes = Counter(
+            "fenced_writes",
+            "Writes by a stale attempt that changed nothing",
+            namespace=ns,
+            registry=registry,
+        )
+        self.run_duration = Histogram(
+            "run_duration_seconds",
+            "Attempt duration by provider and outcome",
+            ["provider", "outcome"],
+            namespace=ns,
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.runs_finished = Counter(
+            "runs_finished",
+            "Runs that reached a final state, by status",
+            ["status"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.retries = Counter(
+            "retries",
+            "Attempts that failed and were scheduled again",
+            ["provider"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "dead_letters", "Runs that went dead", ["provider"], namespace=ns, registry=registry
+        )
+        self.queue_depth = Gauge(
+            "queue_depth",
+            "Runs by status (read from the database by the stats leader)",
+            ["status"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.oldest_pending_age = Gauge(
+            "oldest_pending_age_seconds",
+            "Age of the oldest available pending run",
+            namespace=ns,
+            registry=registry,
+        )
+        self.outbox_depth = Gauge(
+            "outbox_depth", "Notifications by status", ["status"], namespace=ns, registry=registry
+        )
+        self.deliveries = Counter(
+            "deliveries",
+            "Notification deliveries by channel and outcome",
+            ["channel", "outcome"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.worker_slots = Gauge(
+            "worker_slots",
+            "Worker slots of this process by state (busy, idle)",
+            ["state"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.role_errors = Counter(
+            "role_errors",
+            "Unexpected errors a role survived (it retries with backoff)",
+            ["role"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.scheduler_alive = Gauge(
+            "scheduler_last_tick_timestamp_seconds",
+            "Unix time of this process's last scheduler loop",
+            namespace=ns,
+            registry=registry,
+        )

@@ -1,0 +1,1 @@
+"""Roles: the scheduler, workers, heartbeat, reaper and notifier, each a plain object."""

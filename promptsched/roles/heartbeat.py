@@ -1,0 +1,125 @@
+"""Heartbeats: one batched lease renewal for every attempt this process runs, and the fence
+that stops an attempt whose lease was taken from it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from promptsched.clock import Clock
+from promptsched.executors.limiter import Permit
+from promptsched.metrics import Metrics
+from promptsched.store import queries
+
+log = structlog.get_logger("heartbeat")
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """One attempt running in this process."""
+
+    run_id: int
+    attempt_id: UUID
+    provider: str
+    permit: Permit | None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    fenced: bool = False
+    cancel_requested: bool = False
+    released: bool = False
+
+
+class Heartbeat:
+    """Renews every in-flight lease each ``interval``; fences attempts whose row moved on."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        lease: timedelta,
+        interval: timedelta,
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.metrics = metrics
+        self.lease = lease
+        self.interval = interval
+        self.inflight: dict[int, InFlight] = {}
+
+    async def run_once(self) -> int:
+        """Renew all leases once; returns how many attempts were fenced or told to cancel."""
+        attempts = list(self.inflight.values())
+        if not attempts:
+            return 0
+        rows = await queries.run_heartbeat_many(
+            self.pool,
+            self.clock.sql_now(),
+            [a.run_id for a in attempts],
+            [a.attempt_id for a in attempts],
+            self.lease,
+        )
+        renewed = {row["id"]: row["cancel_requested"] for row in rows}
+        self.metrics.leases_renewed.inc(len(renewed))
+        stopped = 0
+        for attempt in attempts:
+            if self.inflight.get(attempt.run_id) is not attempt:
+                continue  # finished while the heartbeat was in flight
+            if attempt.run_id not in renewed:
+                stopped += 1
+                self.fence(attempt, "lease_lost")
+            elif renewed[attempt.run_id] and not attempt.cancel_requested:
+                stopped += 1
+                attempt.cancel_requested = True
+                log.info(
+                    "attempt.cancel_requested",
+                    run_id=attempt.run_id,
+                    attempt_id=str(attempt.attempt_id),
+                )
+                attempt.scope.cancel()
+        return stopped
+
+    def fence(self, attempt: InFlight, reason: str) -> None:
+        """The attempt lost its lease: stop it locally; it must write nothing more."""
+        if attempt.fenced:
+            return
+        attempt.fenced = True
+        self.metrics.leases_lost.inc()
+        self.metrics.fenced_writes.inc()
+        log.warning(
+            "attempt.fenced",
+            run_id=attempt.run_id,
+            attempt_id=str(attempt.attempt_id),
+            reason=reason,
+        )
+        attempt.scope.cancel()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        failures = 0
+        last_ok = time.monotonic()
+        while True:
+            await anyio.sleep(self.interval.total_seconds())
+            try:
+                await self.run_once()
+                failures = 0
+                last_ok = time.monotonic()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                # Keep trying: the lease is still ours until it expires. The reaper on another
+                # replica decides when it is gone; our next successful heartbeat learns it.
+                failures += 1
+                self.metrics.role_errors.labels("heartbeat").inc()
+                log.warning("heartbeat.failed", error=repr(exc), failures=failures)
+                if time.monotonic() - last_ok > self.lease.total_seconds():
+                    # Our leases have expired by now: whatever we write will be fenced, and
+                    # another replica may already run these attempts. Stop them cleanly.
+                    for attempt in list(self.inflight.values()):
+                        self.fence(attempt, "heartbeat_unreachable")

@@ -1,0 +1,72 @@
+"""The loop shared by every role: run one tick, then sleep until woken or a deadline passes.
+
+Database errors never kill a role: it logs, counts, and retries with capped backoff, so an
+outage does not turn into a crash loop or a busy loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+
+import anyio
+import structlog
+
+from promptsched.metrics import Metrics
+
+_TRANSIENT = (OSError, anyio.BrokenResourceError, TimeoutError)
+
+
+class Wakeup:
+    """A level-triggered wake-up flag: ``set`` from anywhere, ``wait`` with a timeout."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """True when woken, False when ``seconds`` passed. Clears the flag."""
+        woken = False
+        if seconds > 0:
+            with anyio.move_on_after(seconds):
+                await self._event.wait()
+        woken = self._event.is_set()
+        if woken:
+            self._event = anyio.Event()
+        return woken
+
+
+async def run_forever(
+    name: str,
+    tick: Callable[[], Awaitable[float]],
+    wakeup: Wakeup,
+    metrics: Metrics,
+    *,
+    stopping: Callable[[], bool] = lambda: False,
+    max_backoff: float = 10.0,
+) -> None:
+    """Call ``tick`` (which returns how long to sleep) until ``stopping()``."""
+    log = structlog.get_logger(name)
+    failures = 0
+    while not stopping():
+        try:
+            delay = await tick()
+            if failures:
+                log.info("role.recovered", role=name, after_failures=failures)
+            failures = 0
+        except Exception as exc:  # a role survives anything a tick raises, and says so
+            failures += 1
+            metrics.role_errors.labels(name).inc()
+            delay = min(max_backoff, 0.1 * 2 ** min(failures, 10))
+            log.warning(
+                "role.error",
+                role=name,
+                error=repr(exc),
+                retry_in=round(delay, 3),
+                failures=failures,
+            )
+        if not math.isfinite(delay) or delay < 0:
+            delay = 0
+        await wakeup.wait(delay)

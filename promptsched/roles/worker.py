@@ -1,0 +1,335 @@
+"""The worker pool owns work: it claims runs, executes them under a lease and a timeout, and
+finalizes each attempt conditioned on its fencing token."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from promptsched.clock import Clock
+from promptsched.errors import AttemptTimeout, ExecutorError, RetryableError
+from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
+from promptsched.executors.limiter import Limiter
+from promptsched.metrics import Metrics
+from promptsched.roles.heartbeat import Heartbeat, InFlight
+from promptsched.roles.loop import Wakeup
+from promptsched.schedule.backoff import RetryPolicy, decide
+from promptsched.store import queries
+
+log = structlog.get_logger("worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        clock: Clock,
+        metrics: Metrics,
+        registry: Registry,
+        limiters: Mapping[str, Limiter],
+        heartbeat: Heartbeat,
+        *,
+        slots: int,
+        worker_id: str,
+        retry_base: timedelta = timedelta(seconds=2),
+        retry_max: timedelta = timedelta(hours=1),
+        max_sleep: timedelta = timedelta(seconds=5),
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.metrics = metrics
+        self.registry = registry
+        self.limiters = dict(limiters)
+        self.heartbeat = heartbeat
+        self.slots = slots
+        self.worker_id = worker_id
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self.max_sleep = max_sleep
+        self.wakeup = Wakeup()
+        self.claiming = True
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._update_slot_gauge()
+
+    @property
+    def inflight(self) -> dict[int, InFlight]:
+        return self.heartbeat.inflight
+
+    def notify(self, _payload: str | None = None) -> None:
+        self.wakeup.set()
+
+    def _update_slot_gauge(self) -> None:
+        busy = len(self.inflight)
+        self.metrics.worker_slots.labels("busy").set(busy)
+        self.metrics.worker_slots.labels("idle").set(max(0, self.slots - busy))
+
+    # --- claiming -------------------------------------------------------------------------
+
+    async def claim(self, tg: TaskGroup) -> int:
+        """Claim as many runs as free slots and provider limits allow; start each in ``tg``."""
+        started = 0
+        for provider, limiter in self.limiters.items():
+            want = min(self.slots - len(self.inflight), limiter.available())
+            if want <= 0:
+                continue
+            rows = await queries.run_claim_batch(
+                self.pool,
+                self.clock.sql_now(),
+                provider,
+                want,
+                self.worker_id,
+                self.heartbeat.lease,
+            )
+            await self._count_claim(provider, want, len(rows))
+            for row in rows:
+                permit = limiter.try_acquire()
+                attempt = InFlight(row["id"], row["attempt_id"], provider, permit)
+                self.inflight[row["id"]] = attempt
+                self._idle = anyio.Event()
+                tg.start_soon(self._execute, row, attempt)
+                started += 1
+        self._update_slot_gauge()
+        return started
+
+    async def _count_claim(self, provider: str, wanted: int, got: int) -> None:
+        if got:
+            self.metrics.claims.labels("claimed").inc()
+            return
+        # Nothing claimed: was the work simply not there, or did another replica hold it?
+        ahead = await queries.run_seconds_until_available(
+            self.pool, self.clock.sql_now(), [provider]
+        )
+        self.metrics.claims.labels(
+            "contended" if ahead is not None and ahead <= 0 else "empty"
+        ).inc()
+
+    async def seconds_until_work(self) -> float:
+        cap = self.max_sleep.total_seconds()
+        if len(self.inflight) >= self.slots:
+            return cap  # a finishing attempt wakes us
+        ready = [p for p, limiter in self.limiters.items() if limiter.available() > 0]
+        rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
+        if not ready:
+            return max(0.0, min([cap, *rate_waits]))
+        ahead = await queries.run_seconds_until_available(self.pool, self.clock.sql_now(), ready)
+        return cap if ahead is None else max(0.0, min(cap, ahead))
+
+    # --- executing ------------------------------------------------------------------------
+
+    async def _execute(self, row: asyncpg.Record, attempt: InFlight) -> None:
+        bound = log.bind(
+            run_id=row["id"],
+            schedule_id=row["schedule_id"],
+            attempt_id=str(row["attempt_id"]),
+            worker_id=self.worker_id,
+        )
+        self.metrics.start_lag.observe(max(0.0, row["start_lag"]))
+        started = anyio.current_time()
+        outcome: ExecutionResult | ExecutorError | None = None
+        try:
+            if not row["enabled"]:
+                await self._finish(
+                    attempt,
+                    row,
+                    bound,
+                    status="skipped",
+                    attempt_status="skipped",
+                    skip_reason="disabled",
+                )
+                return
+            bound.info("attempt.started", attempt=row["attempts"], provider=attempt.provider)
+            with attempt.scope:
+                outcome = await self._call_executor(row, attempt)
+            duration = anyio.current_time() - started
+            await self._settle(row, attempt, outcome, duration, bound)
+        finally:
+            if attempt.permit is not None:
+                attempt.permit.release()
+            self.inflight.pop(attempt.run_id, None)
+            self._update_slot_gauge()
+            if not self.inflight:
+                self._idle.set()
+            self.wakeup.set()
+
+    async def _call_executor(
+        self, row: asyncpg.Record, attempt: InFlight
+    ) -> ExecutionResult | ExecutorError:
+        request = ExecutionRequest(
+            run_id=row["id"],
+            schedule_id=row["schedule_id"],
+            schedule_name=row["name"],
+            attempt_id=row["attempt_id"],
+            attempt=row["attempts"],
+            slot=row["slot"],
+            timezone=row["timezone"],
+            prompt=row["prompt"],
+            model=row["model"],
+            params=row["params"] or {},
+        )
+        timeout = row["timeout_seconds"]
+        try:
+            with anyio.fail_after(timeout):
+                return await self.registry.get(attempt.provider).execute(request)
+        except TimeoutError:
+            return AttemptTimeout(f"timed out after {timeout:g}s")
+        except ExecutorError as exc:
+            return exc
+        except Exception as exc:  # an executor bug must not take down the worker slot
+            log.exception("attempt.executor_crashed", run_id=row["id"])
+            return RetryableError(f"executor crashed: {exc!r}")
+
+    async def _settle(
+        self,
+        row: asyncpg.Record,
+        attempt: InFlight,
+        outcome: ExecutionResult | ExecutorError | None,
+        duration: float,
+        bound: Any,
+    ) -> None:
+        if attempt.fenced or attempt.released:
+            return  # the lease is gone: this attempt writes nothing
+        provider = attempt.provider
+        if attempt.cancel_requested or outcome is None:
+            self.metrics.run_duration.labels(provider, "cancelled").observe(duration)
+            await self._finish(
+                attempt,
+                row,
+                bound,
+                status="cancelled",
+                attempt_status="cancelled",
+                error="cancelled while running",
+            )
+            return
+        if isinstance(outcome, ExecutionResult):
+            self.metrics.run_duration.labels(provider, "succeeded").observe(duration)
+            await self._finish(
+                attempt,
+                row,
+                bound,
+                status="succeeded",
+                attempt_status="succeeded",
+                output=outcome.output,
+                usage=dict(outcome.usage) if outcome.usage else None,
+            )
+            return
+        self.metrics.run_duration.labels(provider, "failed").observe(duration)
+        decision = decide(
+            retryable=outcome.retryable,
+            retry_after=outcome.retry_after,
+            attempt=row["attempts"] - row["releases"],
+            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+            jitter=random.random(),
+        )
+        if decision.action == "retry":
+            self.metrics.retries.labels(provider).inc()
+            await self._finish(
+                attempt,
+                row,
+                bound,
+                status="pending",
+                attempt_status="failed",
+                error=outcome.message,
+                retry_in=decision.delay,
+            )
+        else:
+            self.metrics.dead_letters.labels(provider).inc()
+            await self._finish(
+                attempt, row, bound, status="dead", attempt_status="failed", error=outcome.message
+            )
+
+    async def _finish(
+        self, attempt: InFlight, row: asyncpg.Record, bound: Any, **fields: Any
+    ) -> None:
+        # Shielded: a shutdown must not cut the final write in half.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            landed = await queries.run_finish_if_current(
+                self.pool, self.clock.sql_now(), row["id"], row["attempt_id"], **fields
+            )
+            if landed:
+                if fields["status"] != "pending":
+                    self.metrics.runs_finished.labels(fields["status"]).inc()
+                bound.info(
+                    f"run.{fields['status']}",
+                    attempt=row["attempts"],
+                    error=fields.get("error"),
+                    retry_in=str(fields["retry_in"]) if "retry_in" in fields else None,
+                )
+            else:
+                self.heartbeat.fence(attempt, "finalize_rejected")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Drain mode: claim and execute everything due now, then return the number run."""
+        total = 0
+        async with anyio.create_task_group() as tg:
+            while True:
+                started = await self.claim(tg)
+                total += started
+                if started == 0 and not self.inflight:
+                    break
+                await self.wakeup.wait(0.05 if started == 0 else 0)
+        return total
+
+    async def _dispatch(self, tg: TaskGroup) -> None:
+        failures = 0
+        while self.claiming:
+            try:
+                started = await self.claim(tg)
+                delay = 0.0 if started else await self.seconds_until_work()
+                failures = 0
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                failures += 1
+                self.metrics.role_errors.labels("worker").inc()
+                delay = min(10.0, 0.1 * 2 ** min(failures, 10))
+                log.warning("worker.claim_failed", error=repr(exc), retry_in=delay)
+            if self.claiming:
+                await self.wakeup.wait(delay)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.heartbeat.run)
+            task_status.started()
+            await self._dispatch(tg)
+            await self._idle.wait()
+            tg.cancel_scope.cancel()
+
+    async def drain(self, grace: timedelta) -> int:
+        """Stop claiming, let in-flight attempts finish for ``grace``, then hand the rest back
+        at once so another replica claims them without waiting for the lease to expire."""
+        self.claiming = False
+        self.wakeup.set()
+        with anyio.move_on_after(grace.total_seconds()):
+            await self._idle.wait()
+        remaining = list(self.inflight.values())
+        if not remaining:
+            return 0
+        for attempt in remaining:
+            attempt.released = True
+            attempt.scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            count = await queries.run_release_many(
+                self.pool,
+                self.clock.sql_now(),
+                [a.run_id for a in remaining],
+                [a.attempt_id for a in remaining],
+            )
+            await queries.run_notify_ready(self.pool, "released")
+            self.metrics.leases_released.inc(count)
+            log.info("worker.released", runs=count)
+            return count
+        return 0

@@ -1,0 +1,43 @@
+"""Retry decisions: one pure function from an attempt's failure to the run's next state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int
+    base: timedelta = timedelta(seconds=2)
+    cap: timedelta = timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDecision:
+    action: Literal["retry", "dead"]
+    delay: timedelta = timedelta(0)
+
+
+def decide(
+    *,
+    retryable: bool,
+    retry_after: float | None,
+    attempt: int,
+    policy: RetryPolicy,
+    jitter: float,
+) -> RetryDecision:
+    """``attempt`` counts from 1 (released attempts excluded); ``jitter`` is in [0, 1).
+
+    Exponential backoff with "equal jitter" (half fixed, half random), so a rush of failures
+    spreads out; a provider's ``Retry-After`` is a floor the backoff never shortens.
+    """
+    if not retryable or attempt >= policy.max_attempts:
+        return RetryDecision("dead")
+    exponent = min(attempt - 1, 30)
+    ceiling = min(policy.cap.total_seconds(), policy.base.total_seconds() * 2**exponent)
+    delay = ceiling / 2 + ceiling / 2 * jitter
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return RetryDecision("retry", timedelta(seconds=delay))

@@ -1,0 +1,297 @@
+"""RFC 5545 recurrence rules: parsing DTSTART + RRULE and listing their local wall-clock times."""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, time, timedelta, tzinfo
+from itertools import islice
+from typing import Any
+
+from dateutil import rrule as du
+
+from promptsched.errors import ValidationError
+from promptsched.schedule import zone
+
+MAX_COUNT = 100_000
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+_DTSTART = re.compile(
+    r"DTSTART(?:;VALUE=DATE(?:-TIME)?)?(?:;TZID=(?P<tzid>[^:;]+))?(?:;VALUE=DATE(?:-TIME)?)?"
+    r":(?P<value>\d{8}(?:T\d{6}Z?)?)",
+    re.IGNORECASE,
+)
+_UNTIL = re.compile(r"(?P<date>\d{8})(?:T(?P<time>\d{6})(?P<z>Z)?)?")
+# How much local time one cached window of occurrences spans, by FREQ (YEARLY .. SECONDLY).
+_WINDOWS = (
+    timedelta(days=3653),
+    timedelta(days=366),
+    timedelta(days=182),
+    timedelta(days=61),
+    timedelta(days=4),
+    timedelta(days=1),
+    timedelta(hours=1),
+)
+_FREQS = ("YEARLY", "MONTHLY", "WEEKLY", "DAILY", "HOURLY", "MINUTELY", "SECONDLY")
+_WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+_MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RRule:
+    """A compiled rule over naive local times; COUNT is turned into an equivalent UNTIL."""
+
+    rule: du.rrule
+    dtstart: datetime  # naive local
+    freq: int
+    interval: int
+    wkst: int
+    defaults: dict[str, Any]  # BY* values dateutil would derive from DTSTART, made explicit
+    until_utc: datetime | None  # exact end for a UTC UNTIL (the naive one in `rule` is padded)
+    hour_star: bool  # HOURLY or finer without BYHOUR: follows real time across DST
+    _windows: dict[int, tuple[tuple[datetime, ...], datetime | None]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def next_local(self, after: datetime) -> datetime | None:
+        """The first occurrence (naive local) strictly after `after`."""
+        occurrences, following = self._window(self._index(after))
+        i = bisect_right(occurrences, after)
+        return occurrences[i] if i < len(occurrences) else following
+
+    def count_local(self, low: datetime, high: datetime, limit: int) -> int:
+        """Occurrences in [low, high]; stops early once the count passes `limit`."""
+        total, index = 0, self._index(low)
+        while total <= limit:
+            occurrences, following = self._window(index)
+            total += bisect_right(occurrences, high) - bisect_left(occurrences, low)
+            if following is None or following > high:
+                break
+            index = self._index(following)
+        return total
+
+    def _index(self, local: datetime) -> int:
+        return (local - _NAIVE_EPOCH) // _WINDOWS[self.freq]
+
+    def _window(self, index: int) -> tuple[tuple[datetime, ...], datetime | None]:
+        cached = self._windows.get(index)
+        if cached is None:
+            if len(self._windows) > 256:
+                self._windows.clear()
+            cached = self._windows[index] = self._compute_window(index)
+        return cached
+
+    def _compute_window(self, index: int) -> tuple[tuple[datetime, ...], datetime | None]:
+        start = _NAIVE_EPOCH + index * _WINDOWS[self.freq]
+        end = start + _WINDOWS[self.freq]
+        found: list[datetime] = []
+        for occurrence in self._rule_from(start):
+            if occurrence >= end:
+                return tuple(found), occurrence
+            if occurrence >= start:
+                found.append(occurrence)
+        return tuple(found), None
+
+    def _rule_from(self, target: datetime) -> du.rrule:
+        """The same rule restarted at a DTSTART at or before `target`, a whole number of
+        INTERVALs after the original one, so iteration does not start in the distant past."""
+        new = _shifted_start(self, target)
+        if new is None or new <= self.dtstart:
+            return self.rule
+        return self.rule.replace(dtstart=new, **self.defaults)
+
+
+def _shifted_start(r: RRule, target: datetime) -> datetime | None:
+    start, n = r.dtstart, r.interval
+    if r.freq == du.YEARLY:
+        years = (target.year - 1 - start.year) // n * n
+        return datetime(start.year + years, 1, 1)
+    if r.freq == du.MONTHLY:
+        months = ((target.year - start.year) * 12 + target.month - start.month - 1) // n * n
+        total = start.year * 12 + start.month - 1 + months
+        return datetime(total // 12, total % 12 + 1, 1)
+    if r.freq == du.WEEKLY:
+        week = datetime.combine(start.date() - timedelta((start.weekday() - r.wkst) % 7), time())
+        return week + timedelta(weeks=((target - week).days // 7 - 1) // n * n)
+    if r.freq == du.DAILY:
+        day = datetime.combine(start.date(), time())
+        return day + timedelta(days=((target - day).days - 1) // n * n)
+    unit, base = {
+        du.HOURLY: (timedelta(hours=1), start.replace(minute=0, second=0)),
+        du.MINUTELY: (timedelta(minutes=1), start.replace(second=0)),
+    }.get(r.freq, (timedelta(seconds=1), start))
+    return base + ((target - base) // unit - 1) // n * n * unit
+
+
+def canonical(text: str, where: tzinfo) -> str:
+    """The stored form: `DTSTART:...` and `RRULE:...` lines (DTSTART 1970-01-01 if missing)."""
+    dtstart_line, body = _split(text)
+    compile_rrule(text, where)
+    return f"{dtstart_line or 'DTSTART:19700101T000000'}\nRRULE:{body}"
+
+
+def compile_rrule(text: str, where: tzinfo) -> RRule:
+    """Parse DTSTART + RRULE; raises ValidationError("expression", ...)."""
+    dtstart_line, body = _split(text)
+    dtstart = _dtstart(dtstart_line, where) if dtstart_line else _NAIVE_EPOCH
+    parts = _parts(body)
+    if "COUNT" in parts and "UNTIL" in parts:
+        raise ValidationError("expression", "an RRULE may have COUNT or UNTIL, not both")
+    until_text = parts.pop("UNTIL", None)
+    count_text = parts.pop("COUNT", None)
+    rule = _dateutil_rule(parts, dtstart)
+    _check_possible(parts)
+    until_utc, until_local = _until(until_text, where) if until_text else (None, None)
+    if count_text is not None:
+        until_local = _last_of(rule, _count(count_text))
+    if until_local is not None:
+        rule = rule.replace(until=until_local)
+    freq = _FREQS.index(parts["FREQ"])
+    return RRule(
+        rule=rule,
+        dtstart=dtstart,
+        freq=freq,
+        interval=int(parts.get("INTERVAL", "1")),
+        wkst=_WEEKDAYS.index(parts.get("WKST", "MO")),
+        defaults=_defaults(parts, freq, dtstart),
+        until_utc=until_utc,
+        hour_star=freq >= du.HOURLY and "BYHOUR" not in parts,
+    )
+
+
+def _split(text: str) -> tuple[str | None, str]:
+    dtstart: str | None = None
+    body: str | None = None
+    for token in text.split():
+        upper = token.upper()
+        if upper.startswith("DTSTART") and dtstart is None:
+            dtstart = upper
+        elif upper.startswith(("RRULE:", "FREQ=")) and body is None:
+            body = upper.removeprefix("RRULE:")
+        else:
+            raise ValidationError(
+                "expression",
+                f"unexpected {token!r}: an rrule is one optional DTSTART line and one RRULE line",
+            )
+    if body is None:
+        raise ValidationError("expression", "an RRULE line (RRULE:FREQ=...) is required")
+    return dtstart, body
+
+
+def _dtstart(line: str, where: tzinfo) -> datetime:
+    match = _DTSTART.fullmatch(line)
+    if match is None:
+        raise ValidationError(
+            "expression", f"{line!r} is not a DTSTART like DTSTART:20260101T090000"
+        )
+    value = match["value"]
+    tzid, name = match["tzid"], getattr(where, "key", "UTC")
+    if tzid is not None and tzid.lower() != name.lower():
+        raise ValidationError(
+            "expression", f"DTSTART has TZID={tzid} but the schedule's timezone is {name}"
+        )
+    try:
+        local = datetime.strptime(value[:15], "%Y%m%dT%H%M%S" if len(value) > 8 else "%Y%m%d")
+    except ValueError:
+        raise ValidationError("expression", f"DTSTART {value!r} is not a valid date") from None
+    if value.endswith("Z"):  # an instant: read it on the schedule's wall clock
+        return local.replace(tzinfo=UTC).astimezone(where).replace(tzinfo=None)
+    return local
+
+
+def _parts(body: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for item in body.split(";"):
+        key, eq, value = item.partition("=")
+        if not eq or not value or key in parts:
+            raise ValidationError(
+                "expression", f"RRULE part {item!r} is not KEY=VALUE (or repeats)"
+            )
+        parts[key] = value
+    if "FREQ" not in parts:
+        raise ValidationError("expression", "an RRULE needs FREQ (e.g. FREQ=DAILY)")
+    return parts
+
+
+def _dateutil_rule(parts: dict[str, str], dtstart: datetime) -> du.rrule:
+    text = "RRULE:" + ";".join(f"{k}={v}" for k, v in parts.items())
+    try:
+        rule = du.rrulestr(text, dtstart=dtstart)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ValidationError("expression", f"invalid RRULE {text[6:]!r}: {exc}") from None
+    assert isinstance(rule, du.rrule)
+    return rule
+
+
+def _check_possible(parts: dict[str, str]) -> None:
+    """Reject the common never-matching rules (BYMONTHDAY=30 with BYMONTH=2) up front."""
+    if "BYMONTH" not in parts or "BYMONTHDAY" not in parts:
+        return
+    if any(k in parts for k in ("BYDAY", "BYYEARDAY", "BYWEEKNO", "BYEASTER")):
+        return
+    months = [int(m) for m in parts["BYMONTH"].split(",")]
+    days = [abs(int(d)) for d in parts["BYMONTHDAY"].split(",")]
+    if not any(d <= _MAX_DAYS[m - 1] for d in days for m in months):
+        raise ValidationError(
+            "expression",
+            f"the RRULE never fires: BYMONTHDAY={parts['BYMONTHDAY']} does not occur in "
+            f"BYMONTH={parts['BYMONTH']}",
+        )
+
+
+def _until(text: str, where: tzinfo) -> tuple[datetime | None, datetime]:
+    """UNTIL as (exact UTC end or None, naive local bound for dateutil)."""
+    match = _UNTIL.fullmatch(text)
+    try:
+        assert match is not None
+        local = datetime.strptime(match["date"] + (match["time"] or "235959"), "%Y%m%d%H%M%S")
+    except (AssertionError, ValueError):
+        raise ValidationError(
+            "expression", f"UNTIL={text} is not a date like 20261231T235959Z"
+        ) from None
+    if not match["time"]:  # a date: the whole of that local day is included
+        return None, local
+    if match["z"]:
+        instant = local.replace(tzinfo=UTC)
+        # dateutil compares naive local times; pad past any fold and filter exactly later
+        bound = instant.astimezone(where).replace(tzinfo=None) + zone.MAX_SHIFT
+        return instant, bound
+    return None, local
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_COUNT:
+        raise ValidationError("expression", f"COUNT={text} must be between 1 and {MAX_COUNT}")
+    return int(text)
+
+
+def _last_of(rule: du.rrule, count: int) -> datetime:
+    last = deque(islice(rule, count), maxlen=1)
+    if not last:
+        raise ValidationError("expression", "the RRULE matches no date")
+    assert isinstance(last[0], datetime)
+    return last[0]
+
+
+def _defaults(parts: dict[str, str], freq: int, dtstart: datetime) -> dict[str, Any]:
+    """The BY* values dateutil derives from DTSTART, so a restarted rule keeps them."""
+    found: dict[str, Any] = {}
+    day_keys = ("BYWEEKNO", "BYYEARDAY", "BYMONTHDAY", "BYDAY", "BYEASTER")
+    if not any(k in parts for k in day_keys):
+        if freq == du.YEARLY:
+            if "BYMONTH" not in parts:
+                found["bymonth"] = dtstart.month
+            found["bymonthday"] = dtstart.day
+        elif freq == du.MONTHLY:
+            found["bymonthday"] = dtstart.day
+        elif freq == du.WEEKLY:
+            found["byweekday"] = dtstart.weekday()
+    for key, unit, value in (
+        ("BYHOUR", du.HOURLY, dtstart.hour),
+        ("BYMINUTE", du.MINUTELY, dtstart.minute),
+        ("BYSECOND", du.SECONDLY, dtstart.second),
+    ):
+        if freq < unit and key not in parts:
+            found[key.lower()] = value
+    return found

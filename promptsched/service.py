@@ -1,0 +1,219 @@
+"""Schedule and run operations shared by the CLI and the HTTP API: validation of user input
+(every error names its field) and the writes that go with it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from promptsched.clock import Clock
+from promptsched.durations import format_duration, parse_duration
+from promptsched.errors import ValidationError
+from promptsched.executors import template
+from promptsched.schedule import fire_times, overlap, spec
+from promptsched.store import queries
+
+MAX_NAME = 200
+MAX_PROMPT = 100_000
+MISFIRE_POLICIES = ("run_once", "skip", "run_all")
+KINDS = ("cron", "rrule", "at", "every")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInput:
+    name: str
+    kind: str
+    expression: str
+    prompt: str
+    timezone: str = "UTC"
+    provider: str = "echo"
+    model: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    misfire: str = "run_once"
+    misfire_cap: int = 100
+    misfire_grace: timedelta = timedelta(seconds=60)
+    catchup_window: timedelta | None = None
+    overlap: str = "skip"
+    max_attempts: int = 3
+    timeout: timedelta = timedelta(minutes=5)
+    jitter: timedelta | None = None
+    dst_gap: str = "shift"
+    dst_fold: str = "first"
+    enabled: bool = True
+
+    def spec(self) -> spec.Spec:
+        return spec.parse(
+            self.kind, self.expression, self.timezone, dst_gap=self.dst_gap, dst_fold=self.dst_fold
+        )
+
+
+def _text(raw: Mapping[str, Any], key: str, *, limit: int, required: bool = True) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            raise ValidationError(key, "is required")
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(key, f"must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise ValidationError(key, "must not be empty")
+    if len(value) > limit:
+        raise ValidationError(key, f"is too long ({len(value)} characters, at most {limit})")
+    if "\x00" in value:
+        raise ValidationError(key, "must not contain NUL characters")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValidationError(key, "must be a whole number")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValidationError(key, f"must be a whole number, got {value!r}") from None
+    if not low <= number <= high:
+        raise ValidationError(key, f"must be between {low} and {high}, got {number}")
+    return number
+
+
+def _duration(raw: Mapping[str, Any], key: str, default: timedelta | None) -> timedelta | None:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValidationError(key, "must be a duration such as 30s, 5m, 1h")
+    return parse_duration(value, field=key)
+
+
+def _choice(raw: Mapping[str, Any], key: str, default: str, choices: Collection[str]) -> str:
+    value = raw.get(key, default)
+    if value not in choices:
+        raise ValidationError(key, f"must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)
+
+
+def _kind_and_expression(raw: Mapping[str, Any]) -> tuple[str, str]:
+    given = [kind for kind in KINDS if raw.get(kind) is not None]
+    if raw.get("kind") is not None or raw.get("expression") is not None:
+        kind = _choice(raw, "kind", "cron", KINDS)
+        expression = _text(raw, "expression", limit=2000)
+        assert expression is not None
+        return kind, expression
+    if len(given) != 1:
+        raise ValidationError("schedule", "give exactly one of cron, rrule, at, every")
+    expression = _text(raw, given[0], limit=2000)
+    assert expression is not None
+    return given[0], expression
+
+
+def validate(raw: Mapping[str, Any], *, providers: Collection[str]) -> ScheduleInput:
+    """Turn user input into a checked ScheduleInput, or raise naming the first bad field."""
+    name = _text(raw, "name", limit=MAX_NAME)
+    kind, expression = _kind_and_expression(raw)
+    prompt = _text(raw, "prompt", limit=MAX_PROMPT)
+    assert name is not None and prompt is not None
+    template.validate(prompt, field="prompt")
+    provider = _choice(raw, "provider", "echo", providers)
+    params = raw.get("params") or {}
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise ValidationError("params", "must be an object of string keys")
+    if "latency" in params:
+        parse_duration(str(params["latency"]), field="params.latency")
+    values = ScheduleInput(
+        name=name.strip(),
+        kind=kind,
+        expression=expression,
+        prompt=prompt,
+        timezone=_text(raw, "timezone", limit=100, required=False) or "UTC",
+        provider=provider,
+        model=_text(raw, "model", limit=200, required=False),
+        params=dict(params),
+        misfire=_choice(raw, "misfire", "run_once", MISFIRE_POLICIES),
+        misfire_cap=_int(raw, "misfire_cap", 100, 1, 10_000),
+        misfire_grace=_duration(raw, "misfire_grace", timedelta(seconds=60)) or timedelta(0),
+        catchup_window=_duration(raw, "catchup_window", None),
+        overlap=_choice(raw, "overlap", "skip", overlap.POLICIES),
+        max_attempts=_int(raw, "max_attempts", 3, 1, 100),
+        timeout=_duration(raw, "timeout", timedelta(minutes=5)) or timedelta(minutes=5),
+        jitter=_duration(raw, "jitter", None),
+        dst_gap=_choice(raw, "dst_gap", "shift", ("shift", "skip")),
+        dst_fold=_choice(raw, "dst_fold", "first", ("first", "both")),
+        enabled=bool(raw.get("enabled", True)),
+    )
+    if values.timeout < timedelta(seconds=1):
+        raise ValidationError("timeout", "must be at least 1s")
+    values.spec()  # raises naming expression / timezone
+    return values
+
+
+async def db_now(db: queries.DB, clock: Clock) -> datetime:
+    return await queries.clock_now(db, clock.sql_now())
+
+
+async def create_schedule(
+    db: queries.DB, clock: Clock, values: ScheduleInput, *, owner: str
+) -> asyncpg.Record:
+    now = await db_now(db, clock)
+    first = spec.check_fires(values.spec(), now)  # an expression that never fires is an error
+    row = await queries.schedule_insert(
+        db,
+        [
+            owner,
+            values.name,
+            values.kind,
+            values.expression,
+            values.timezone,
+            values.dst_gap,
+            values.dst_fold,
+            values.prompt,
+            values.provider,
+            values.model,
+            dict(values.params),
+            values.misfire,
+            values.misfire_cap,
+            values.misfire_grace,
+            values.catchup_window,
+            values.overlap,
+            values.max_attempts,
+            values.timeout,
+            values.jitter,
+            values.enabled,
+            first,
+        ],
+    )
+    await queries.schedule_notify_changed(db, row["id"])
+    return row
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    return value
+
+
+def schedule_json(row: asyncpg.Record) -> dict[str, Any]:
+    data = {key: _json_value(row[key]) for key in row.keys()}
+    data["misfire"] = data.pop("misfire_policy", None)
+    data["overlap"] = data.pop("overlap_policy", None)
+    return data
+
+
+def run_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        key: _json_value(row[key]) if key != "attempt_id" else str(row[key] or "") or None
+        for key in row.keys()
+    }
+
+
+def preview(spec_: spec.Spec, after: datetime, count: int) -> list[datetime]:
+    """The next fire times, by the very code path the scheduler uses."""
+    return fire_times.preview(spec_, after, count)

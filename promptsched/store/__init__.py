@@ -1,0 +1,1 @@
+"""The store: every SQL statement, the schema migrations, and the connection pool."""

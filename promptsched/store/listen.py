@@ -1,0 +1,83 @@
+"""LISTEN on a dedicated connection that reconnects by itself, turning NOTIFY into wake-ups."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from promptsched.store import pool as pools
+
+log = structlog.get_logger("listen")
+
+CHANNEL_SCHEDULES = "promptsched_schedules"
+CHANNEL_RUNS = "promptsched_runs"
+CHANNEL_OUTBOX = "promptsched_outbox"
+CHANNEL_PROGRESS = "promptsched_progress"
+
+
+class Listener:
+    """Calls ``handlers[channel](payload)`` for each notification. After a reconnect every
+    handler is called with ``None``, since notifications sent meanwhile were lost."""
+
+    def __init__(self, dsn: str, handlers: Mapping[str, Callable[[str | None], None]]) -> None:
+        self.dsn = dsn
+        self.handlers = dict(handlers)
+        self.connected = False
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        handler = self.handlers.get(channel)
+        if handler is not None:
+            handler(str(payload))
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        failures = 0
+        while True:
+            lost = anyio.Event()
+            try:
+                conn = await pools.connect(self.dsn, application_name="promptsched-listen")
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                failures += 1
+                log.warning("listen.connect_failed", error=repr(exc), failures=failures)
+                if not started:
+                    raise
+                await anyio.sleep(min(5.0, 0.2 * 2 ** min(failures, 5)))
+                continue
+            try:
+                conn.add_termination_listener(lambda _conn: lost.set())
+                for channel in self.handlers:
+                    await conn.add_listener(channel, self._on_notify)
+                self.connected = True
+                if failures:
+                    log.info("listen.reconnected", failures=failures)
+                    for handler in self.handlers.values():
+                        handler(None)
+                failures = 0
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._watch(conn, lost)
+            finally:
+                self.connected = False
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await conn.close()
+            failures += 1
+
+    async def _watch(self, conn: asyncpg.Connection[Any], lost: anyio.Event) -> None:
+        # A silent network cut would never fire the termination listener: probe now and then.
+        while not lost.is_set():
+            with anyio.move_on_after(5):
+                await lost.wait()
+            if lost.is_set():
+                break
+            try:
+                with anyio.fail_after(5):
+                    await conn.execute("SELECT 1")
+            except (OSError, asyncpg.PostgresError, TimeoutError, asyncpg.InterfaceError):
+                break
+        log.warning("listen.connection_lost")

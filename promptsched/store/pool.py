@@ -1,0 +1,44 @@
+"""Connection pools with the codecs every query relies on."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+# A connection of our own or one borrowed from a pool (generic only in the type stubs).
+Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+
+
+async def _init(conn: asyncpg.Connection[Any]) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "promptsched"
+) -> asyncpg.Pool[Any]:
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init,
+        server_settings={"application_name": application_name},
+        # Bounded so a vanished database turns into an error the roles retry, not a hang.
+        timeout=10,
+        command_timeout=60,
+    )
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str, *, application_name: str = "promptsched") -> asyncpg.Connection[Any]:
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(
+        dsn, timeout=10, server_settings={"application_name": application_name}
+    )
+    await _init(conn)
+    return conn

@@ -1,0 +1,238 @@
+"""One typed async function per named SQL query (``sql/queries/*.sql``), named alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+from uuid import UUID
+
+from asyncpg import Record
+
+from promptsched.store.sqlfiles import queries as _load
+
+_Q = _load()
+
+
+class DB(Protocol):
+    """What a pool and a connection both offer."""
+
+    async def fetch(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[Record]: ...
+
+    async def fetchrow(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Record | None: ...
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: Any,
+        column: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any: ...
+
+    async def execute(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str: ...
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+async def schedule_insert(db: DB, values: Sequence[Any]) -> Record:
+    row = await db.fetchrow(_Q["schedule_insert"], *values)
+    assert row is not None
+    return row
+
+
+async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
+
+
+async def schedule_list(db: DB, owner: str | None, after_id: int, limit: int) -> list[Record]:
+    return await db.fetch(_Q["schedule_list"], owner, after_id, limit)
+
+
+async def schedule_take_due(db: DB, now: datetime | None, limit: int) -> list[Record]:
+    return await db.fetch(_Q["schedule_take_due"], now, limit)
+
+
+async def schedule_advance_many(
+    db: DB, ids: Sequence[int], next_fire_at: Sequence[datetime | None]
+) -> None:
+    await db.execute(_Q["schedule_advance_many"], ids, next_fire_at)
+
+
+async def schedule_seconds_until_due(db: DB, now: datetime | None) -> float | None:
+    value: float | None = await db.fetchval(_Q["schedule_seconds_until_due"], now)
+    return value
+
+
+async def schedule_set_enabled(
+    db: DB, schedule_id: int, enabled: bool, next_fire_at: datetime | None
+) -> Record | None:
+    return await db.fetchrow(_Q["schedule_set_enabled"], schedule_id, enabled, next_fire_at)
+
+
+async def schedule_delete(db: DB, schedule_id: int, owner: str | None) -> bool:
+    return await db.fetchval(_Q["schedule_delete"], schedule_id, owner) is not None
+
+
+async def schedule_notify_changed(db: DB, schedule_id: int) -> None:
+    await db.execute(_Q["schedule_notify_changed"], str(schedule_id))
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+async def run_insert_ticks(
+    db: DB,
+    now: datetime | None,
+    schedule_ids: Sequence[int],
+    slots: Sequence[datetime],
+    statuses: Sequence[str],
+    skip_reasons: Sequence[str | None],
+    missed: Sequence[int],
+    available_at: Sequence[datetime],
+) -> list[Record]:
+    return await db.fetch(
+        _Q["run_insert_ticks"],
+        schedule_ids,
+        slots,
+        statuses,
+        skip_reasons,
+        missed,
+        available_at,
+        now,
+    )
+
+
+async def run_unfinished_counts(db: DB, schedule_ids: Sequence[int]) -> list[Record]:
+    return await db.fetch(_Q["run_unfinished_counts"], schedule_ids)
+
+
+async def run_cancel_unfinished(
+    db: DB, now: datetime | None, schedule_ids: Sequence[int]
+) -> Record:
+    row = await db.fetchrow(_Q["run_cancel_unfinished"], schedule_ids, now)
+    assert row is not None
+    return row
+
+
+async def run_claim_batch(
+    db: DB, now: datetime | None, provider: str, limit: int, worker_id: str, lease: timedelta
+) -> list[Record]:
+    return await db.fetch(_Q["run_claim_batch"], now, provider, limit, worker_id, lease)
+
+
+async def run_heartbeat_many(
+    db: DB,
+    now: datetime | None,
+    run_ids: Sequence[int],
+    attempt_ids: Sequence[UUID],
+    lease: timedelta,
+) -> list[Record]:
+    return await db.fetch(_Q["run_heartbeat_many"], now, run_ids, attempt_ids, lease)
+
+
+async def run_finish_if_current(
+    db: DB,
+    now: datetime | None,
+    run_id: int,
+    attempt_id: UUID,
+    *,
+    status: str,
+    attempt_status: str,
+    output: str | None = None,
+    usage: dict[str, Any] | None = None,
+    error: str | None = None,
+    retry_in: timedelta | None = None,
+    skip_reason: str | None = None,
+) -> bool:
+    """True when the write landed; False means the attempt was fenced."""
+    count: int = await db.fetchval(
+        _Q["run_finish_if_current"],
+        now,
+        run_id,
+        attempt_id,
+        status,
+        output,
+        usage,
+        error,
+        retry_in,
+        skip_reason,
+        attempt_status,
+    )
+    return count == 1
+
+
+async def run_release_many(
+    db: DB, now: datetime | None, run_ids: Sequence[int], attempt_ids: Sequence[UUID]
+) -> int:
+    count: int = await db.fetchval(_Q["run_release_many"], now, run_ids, attempt_ids)
+    return count
+
+
+async def run_reap_expired(
+    db: DB, now: datetime | None, limit: int, deadline_grace: timedelta
+) -> list[Record]:
+    return await db.fetch(_Q["run_reap_expired"], now, limit, deadline_grace)
+
+
+async def run_seconds_until_available(
+    db: DB, now: datetime | None, providers: Sequence[str]
+) -> float | None:
+    value: float | None = await db.fetchval(_Q["run_seconds_until_available"], now, providers)
+    return value
+
+
+async def run_notify_ready(db: DB, payload: str = "") -> None:
+    await db.execute(_Q["run_notify_ready"], payload)
+
+
+async def run_list(
+    db: DB,
+    *,
+    schedule_id: int | None,
+    status: str | None,
+    owner: str | None,
+    before_id: int | None,
+    limit: int,
+) -> list[Record]:
+    return await db.fetch(_Q["run_list"], schedule_id, status, owner, before_id, limit)
+
+
+async def run_get(db: DB, run_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["run_get"], run_id, owner)
+
+
+async def run_attempts_list(db: DB, run_id: int) -> list[Record]:
+    return await db.fetch(_Q["run_attempts_list"], run_id)
+
+
+async def run_seconds_until_lease_expiry(
+    db: DB, now: datetime | None, deadline_grace: timedelta
+) -> float | None:
+    value: float | None = await db.fetchval(
+        _Q["run_seconds_until_lease_expiry"], now, deadline_grace
+    )
+    return value
+
+
+# --- clock ----------------------------------------------------------------------------------
+
+
+async def clock_now(db: DB, now: datetime | None) -> datetime:
+    value: datetime = await db.fetchval(_Q["clock_now"], now)
+    return value

@@ -1,0 +1,209 @@
+-- name: run_insert_ticks
+-- One row per planned slot. The partial unique index on (schedule_id, slot) for cadence
+-- runs makes a second scheduler's insert of the same slot a no-op (invariant 1).
+INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
+                  max_attempts, available_at, serial, finished_at, created_at)
+SELECT t.schedule_id, t.slot, 'cadence', t.status, t.skip_reason, t.missed, s.provider,
+       s.max_attempts, t.available_at, s.overlap_policy IN ('buffer_one', 'buffer_all'),
+       CASE WHEN t.status = 'skipped' THEN coalesce($7::timestamptz, now()) END,
+       -- the real instant, not the transaction's start: tick lag is measured from it
+       coalesce($7::timestamptz, clock_timestamp())
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::text[], $5::integer[],
+            $6::timestamptz[])
+         AS t(schedule_id, slot, status, skip_reason, missed, available_at)
+JOIN schedules s ON s.id = t.schedule_id
+ON CONFLICT (schedule_id, slot) WHERE origin = 'cadence' DO NOTHING
+RETURNING id, schedule_id, slot, status, skip_reason, missed_slots, created_at;
+
+-- name: run_unfinished_counts
+SELECT schedule_id,
+       count(*) FILTER (WHERE status = 'pending')::int AS pending,
+       count(*) FILTER (WHERE status = 'running')::int AS running
+FROM runs
+WHERE schedule_id = ANY($1::bigint[]) AND status IN ('pending', 'running')
+GROUP BY schedule_id;
+
+-- name: run_cancel_unfinished
+-- overlap=cancel_other: pending runs end cancelled now; running ones are asked to stop and
+-- learn it through their next heartbeat.
+WITH pending AS (
+    UPDATE runs
+    SET status = 'cancelled', finished_at = coalesce($2::timestamptz, now()),
+        error = 'cancelled by a newer slot (overlap cancel_other)'
+    WHERE schedule_id = ANY($1::bigint[]) AND status = 'pending'
+    RETURNING id
+), running AS (
+    UPDATE runs
+    SET cancel_requested = true
+    WHERE schedule_id = ANY($1::bigint[]) AND status = 'running' AND NOT cancel_requested
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM pending)::int AS cancelled,
+       (SELECT count(*) FROM running)::int AS signalled;
+
+-- name: run_claim_batch
+-- Lock up to $3 claimable runs of provider $2 in claim-index order, skipping rows other
+-- workers hold, then mint a fresh attempt_id (the fencing token) for each and record the
+-- attempt, all in one statement. The ORDER BY matches runs_claim_idx so a large backlog is
+-- read in index order and never sorted. Serial runs (overlap buffer_*) wait for every
+-- earlier unfinished run of their schedule; a run locked by another claimer still counts as
+-- unfinished here, so two claimers never start two serial runs of one schedule.
+WITH candidates AS (
+    SELECT r.id
+    FROM runs r
+    WHERE r.status = 'pending'
+      AND r.provider = $2
+      AND r.available_at <= coalesce($1::timestamptz, now())
+      AND (NOT r.serial OR NOT EXISTS (
+            SELECT 1 FROM runs o
+            WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+              AND o.slot < r.slot))
+    ORDER BY r.available_at, r.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE runs r
+    SET status = 'running',
+        attempt_id = gen_random_uuid(),
+        attempts = r.attempts + 1,
+        worker_id = $4,
+        lease_expires_at = coalesce($1::timestamptz, now()) + $5::interval,
+        deadline_at = coalesce($1::timestamptz, now()) + s.timeout,
+        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
+    FROM candidates c, schedules s
+    WHERE r.id = c.id AND s.id = r.schedule_id
+    RETURNING r.id, r.schedule_id, r.slot, r.origin, r.attempt_id, r.attempts, r.releases,
+              r.max_attempts, r.missed_slots
+), recorded AS (
+    INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
+    SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
+)
+SELECT c.*, s.name, s.owner, s.prompt, s.model, s.params, s.timezone, s.enabled,
+       s.paused_until, extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
+       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag
+FROM claimed c
+JOIN schedules s ON s.id = c.schedule_id;
+
+-- name: run_heartbeat_many
+-- Renew the leases this process still holds. A run missing from the result was taken from
+-- us (reaped, released or finished by another attempt): the caller fences that attempt.
+UPDATE runs r
+SET lease_expires_at = coalesce($1::timestamptz, now()) + $4::interval
+FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
+WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
+RETURNING r.id, r.cancel_requested;
+
+-- name: run_finish_if_current
+-- Finalize one attempt, guarded by its fencing token: zero rows means the attempt is stale
+-- and nothing changes. $4 is the run's next status: succeeded | dead | cancelled | skipped
+-- | pending (a retry, available again after the delay $8).
+WITH finished AS (
+    UPDATE runs
+    SET status = $4,
+        output = CASE WHEN $4 = 'succeeded' THEN $5 ELSE output END,
+        usage = CASE WHEN $4 = 'succeeded' THEN $6::jsonb ELSE usage END,
+        error = $7,
+        skip_reason = $9,
+        available_at = CASE WHEN $8::interval IS NULL THEN available_at
+                            ELSE coalesce($1::timestamptz, now()) + $8::interval END,
+        finished_at = CASE WHEN $4 = 'pending' THEN NULL
+                           ELSE coalesce($1::timestamptz, now()) END,
+        attempt_id = CASE WHEN $4 = 'pending' THEN NULL ELSE attempt_id END,
+        lease_expires_at = NULL,
+        worker_id = NULL,
+        cancel_requested = false
+    WHERE id = $2 AND attempt_id = $3 AND status = 'running'
+    RETURNING id
+), attempt AS (
+    UPDATE run_attempts
+    SET status = $10, finished_at = coalesce($1::timestamptz, now()), error = $7
+    WHERE attempt_id = $3 AND EXISTS (SELECT 1 FROM finished)
+)
+SELECT count(*)::int FROM finished;
+
+-- name: run_release_many
+-- Drain: hand runs back at once so another replica claims them without waiting for the
+-- lease to expire. A released attempt does not count against max_attempts.
+WITH released AS (
+    UPDATE runs r
+    SET status = 'pending', attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+        available_at = coalesce($1::timestamptz, now()), releases = r.releases + 1
+    FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
+    WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
+    RETURNING h.attempt_id
+), attempts AS (
+    UPDATE run_attempts a
+    SET status = 'released', finished_at = coalesce($1::timestamptz, now()),
+        error = 'released: the worker shut down'
+    FROM released WHERE a.attempt_id = released.attempt_id
+)
+SELECT count(*)::int FROM released;
+
+-- name: run_reap_expired
+-- Runs whose lease expired (the worker died or froze) or whose deadline passed long ago (a
+-- backstop for the worker's own timeout) go back to pending, or to dead when their attempts
+-- are used up. The lost attempt is recorded as such.
+WITH expired AS (
+    SELECT id, attempt_id,
+           lease_expires_at < coalesce($1::timestamptz, now()) AS lease_lost
+    FROM runs
+    WHERE status = 'running'
+      AND (lease_expires_at < coalesce($1::timestamptz, now())
+           OR deadline_at + $3::interval < coalesce($1::timestamptz, now()))
+    ORDER BY lease_expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE runs r
+    SET status = CASE WHEN r.attempts - r.releases >= r.max_attempts THEN 'dead'
+                      ELSE 'pending' END,
+        error = CASE WHEN e.lease_lost THEN 'lease expired: the worker was lost'
+                     ELSE 'timed out: the worker did not stop the attempt' END,
+        finished_at = CASE WHEN r.attempts - r.releases >= r.max_attempts
+                           THEN coalesce($1::timestamptz, now()) END,
+        available_at = coalesce($1::timestamptz, now()),
+        attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL
+    FROM expired e
+    WHERE r.id = e.id
+    RETURNING r.id, r.schedule_id, r.status, e.attempt_id, e.lease_lost
+), lost AS (
+    UPDATE run_attempts a
+    SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
+        error = CASE WHEN reaped.lease_lost THEN 'lease expired' ELSE 'deadline passed' END
+    FROM reaped WHERE a.attempt_id = reaped.attempt_id
+)
+SELECT id, schedule_id, status, lease_lost FROM reaped;
+
+-- name: run_seconds_until_available
+SELECT extract(epoch FROM (min(available_at) - coalesce($1::timestamptz, now())))::float8
+FROM runs
+WHERE status = 'pending' AND provider = ANY($2::text[]);
+
+-- name: run_notify_ready
+SELECT pg_notify('promptsched_runs', $1::text);
+
+-- name: run_list
+SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
+       r.attempts, r.max_attempts, r.error, r.output, r.available_at, r.created_at,
+       r.started_at, r.finished_at, r.replay_of
+FROM runs r
+JOIN schedules s ON s.id = r.schedule_id
+WHERE ($1::bigint IS NULL OR r.schedule_id = $1)
+  AND ($2::text IS NULL OR r.status = $2)
+  AND ($3::text IS NULL OR s.owner = $3)
+  AND ($4::bigint IS NULL OR r.id < $4)
+ORDER BY r.id DESC
+LIMIT $5;
+
+-- name: run_get
+SELECT r.* FROM runs r JOIN schedules s ON s.id = r.schedule_id
+WHERE r.id = $1 AND ($2::text IS NULL OR s.owner = $2);
+
+-- name: run_attempts_list
+SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number;
+
+-- name: run_seconds_until_lease_expiry
+SELECT extract(epoch FROM (min(least(lease_expires_at, deadline_at + $2::interval))
+                           - coalesce($1::timestamptz, now())))::float8
+FROM runs
+WHERE status = 'running';

@@ -1,0 +1,124 @@
+CREATE TABLE public.promptsched_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+CREATE TABLE public.run_attempts (
+    attempt_id uuid NOT NULL,
+    run_id bigint NOT NULL,
+    number integer NOT NULL,
+    worker_id text NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    error text,
+    CONSTRAINT run_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
+);
+CREATE TABLE public.runs (
+    id bigint NOT NULL,
+    schedule_id bigint NOT NULL,
+    slot timestamp with time zone NOT NULL,
+    origin text DEFAULT 'cadence'::text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    skip_reason text,
+    missed_slots integer DEFAULT 0 NOT NULL,
+    serial boolean DEFAULT false NOT NULL,
+    provider text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    releases integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt_id uuid,
+    worker_id text,
+    lease_expires_at timestamp with time zone,
+    deadline_at timestamp with time zone,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    output text,
+    usage jsonb,
+    error text,
+    replay_of bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text]))),
+    CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),
+    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'skipped'::text])))
+);
+ALTER TABLE public.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.schedules (
+    id bigint NOT NULL,
+    owner text DEFAULT 'default'::text NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    dst_gap text DEFAULT 'shift'::text NOT NULL,
+    dst_fold text DEFAULT 'first'::text NOT NULL,
+    prompt text NOT NULL,
+    provider text DEFAULT 'echo'::text NOT NULL,
+    model text,
+    params jsonb DEFAULT '{}'::jsonb NOT NULL,
+    misfire_policy text DEFAULT 'run_once'::text NOT NULL,
+    misfire_cap integer DEFAULT 100 NOT NULL,
+    misfire_grace interval DEFAULT '00:01:00'::interval NOT NULL,
+    catchup_window interval,
+    overlap_policy text DEFAULT 'skip'::text NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    timeout interval DEFAULT '00:05:00'::interval NOT NULL,
+    jitter interval,
+    enabled boolean DEFAULT true NOT NULL,
+    paused_until timestamp with time zone,
+    pause_reason text,
+    next_fire_at timestamp with time zone,
+    version integer DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
+    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
+    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'rrule'::text, 'at'::text, 'every'::text]))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
+    CONSTRAINT schedules_misfire_cap_check CHECK ((misfire_cap > 0)),
+    CONSTRAINT schedules_misfire_policy_check CHECK ((misfire_policy = ANY (ARRAY['run_once'::text, 'skip'::text, 'run_all'::text]))),
+    CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer_one'::text, 'buffer_all'::text, 'cancel_other'::text])))
+);
+ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.schedules_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+ALTER TABLE ONLY public.promptsched_migrations
+    ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
+ALTER TABLE ONLY public.run_attempts
+    ADD CONSTRAINT run_attempts_pkey PRIMARY KEY (attempt_id);
+ALTER TABLE ONLY public.run_attempts
+    ADD CONSTRAINT run_attempts_run_id_number_key UNIQUE (run_id, number);
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+CREATE UNIQUE INDEX runs_backfill_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'backfill'::text);
+CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'cadence'::text);
+CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
+CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
+CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE enabled;
+CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
+ALTER TABLE ONLY public.run_attempts
+    ADD CONSTRAINT run_attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_replay_of_fkey FOREIGN KEY (replay_of) REFERENCES public.runs(id) ON DELETE SET NULL;
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;

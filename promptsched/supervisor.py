@@ -1,0 +1,135 @@
+"""The composition root: builds the pool, clock, metrics and roles, starts each in one task
+group, and turns SIGTERM into a two-phase stop (drain, then cancel)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskGroup
+
+from promptsched.api import app as api_app
+from promptsched.clock import Clock
+from promptsched.config import Config
+from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.metrics import Metrics
+from promptsched.roles.heartbeat import Heartbeat
+from promptsched.roles.reaper import Reaper
+from promptsched.roles.scheduler import Scheduler
+from promptsched.roles.worker import WorkerPool, default_worker_id
+from promptsched.store import listen, migrate
+from promptsched.store import pool as pools
+
+log = structlog.get_logger("supervisor")
+
+
+class Supervisor:
+    def __init__(self, config: Config, dsn: str, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.clock = clock or Clock()
+        self.metrics = Metrics()
+        self.ready = False
+        self.worker: WorkerPool | None = None
+        self.api: api_app.ApiServer | None = None
+
+    async def run(self) -> None:
+        config = self.config
+        pool = await pools.create_pool(self.dsn, max_size=max(4, min(config.workers + 4, 40)))
+        registry, limiters = build_registry(parse_providers(config.env, config.providers_raw))
+        try:
+            async with pool.acquire() as conn:
+                applied = await migrate.apply(conn)
+                await migrate.check(conn)
+            if applied:
+                log.info("migrations.applied", versions=applied)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async with anyio.create_task_group() as tg:
+                    await self._start_roles(tg, pool, registry, limiters)
+                    self.ready = True
+                    log.info(
+                        "supervisor.ready",
+                        roles=list(config.roles),
+                        workers=config.workers,
+                        worker_id=self.worker_id,
+                    )
+                    async for signum in signals:
+                        log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+                        break
+                    await self._drain()
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await registry.aclose()
+                await pool.close()
+            log.info("supervisor.stopped")
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id or default_worker_id()
+
+    async def _start_roles(
+        self, tg: TaskGroup, pool: asyncpg.Pool[Any], registry: Any, limiters: Any
+    ) -> None:
+        config, roles = self.config, set(self.config.roles)
+        handlers = {}
+        if "scheduler" in roles:
+            scheduler = Scheduler(
+                pool,
+                self.clock,
+                self.metrics,
+                batch=config.scheduler_batch,
+                max_sleep=config.scheduler_max_sleep,
+            )
+            handlers[listen.CHANNEL_SCHEDULES] = scheduler.notify
+        if "worker" in roles and config.workers > 0:
+            heartbeat = Heartbeat(
+                pool, self.clock, self.metrics, lease=config.lease, interval=config.heartbeat
+            )
+            self.worker = WorkerPool(
+                pool,
+                self.clock,
+                self.metrics,
+                registry,
+                limiters,
+                heartbeat,
+                slots=config.workers,
+                worker_id=self.worker_id,
+                retry_base=config.retry_base,
+                retry_max=config.retry_max,
+                max_sleep=config.worker_max_sleep,
+            )
+            handlers[listen.CHANNEL_RUNS] = self.worker.notify
+        if handlers:
+            await tg.start(listen.Listener(self.dsn, handlers).run)
+        if "scheduler" in roles:
+            await tg.start(scheduler.run)
+        if self.worker is not None:
+            await tg.start(self.worker.run)
+        if "reaper" in roles:
+            reaper = Reaper(
+                pool,
+                self.clock,
+                self.metrics,
+                deadline_grace=config.lease,
+                max_sleep=config.reaper_max_sleep,
+            )
+            await tg.start(reaper.run)
+        if "api" in roles:
+            app = api_app.build(pool, self.metrics, lambda: self.ready)
+            self.api = api_app.ApiServer(app, config.http_host, config.http_port)
+            await tg.start(self.api.run)
+
+    async def _drain(self) -> None:
+        """Phase one: not ready, stop claiming, give in-flight runs the grace, release the rest."""
+        self.ready = False
+        if self.worker is not None:
+            log.info(
+                "supervisor.draining",
+                inflight=len(self.worker.inflight),
+                grace=str(self.config.drain_grace),
+            )
+            await self.worker.drain(self.config.drain_grace)

@@ -1,0 +1,78 @@
+"""Test fixtures: one embedded Postgres per session, one template clone per test."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from promptsched.store import migrate
+from promptsched.store import pool as pools
+from promptsched.store.embedded import EmbeddedPostgres
+
+TEMPLATE = "promptsched_template"
+
+
+async def _build_template(admin_dsn: str, template_dsn: str) -> None:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {TEMPLATE}")
+    finally:
+        await admin.close()
+    conn = await pools.connect(template_dsn)
+    try:
+        await migrate.apply(conn)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    # A short path: the server's unix socket lives under it.
+    data_dir = Path(tempfile.mkdtemp(prefix="pst-", dir="/tmp"))
+    server = EmbeddedPostgres(data_dir, fast_unsafe=True)
+    server.ensure_running()
+    asyncio.run(_build_template(server.dsn(), server.dsn(TEMPLATE)))
+    yield server
+    server.stop("immediate")
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def _create_db(server: EmbeddedPostgres, name: str) -> None:
+    admin = await asyncpg.connect(server.dsn())
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    finally:
+        await admin.close()
+
+
+async def _drop_db(server: EmbeddedPostgres, name: str) -> None:
+    admin = await asyncpg.connect(server.dsn())
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def dsn(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    asyncio.run(_create_db(pg_server, name))
+    yield pg_server.dsn(name)
+    asyncio.run(_drop_db(pg_server, name))
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool[Any]]:
+    created = await pools.create_pool(dsn, max_size=10)
+    yield created
+    await created.close()

@@ -1,0 +1,72 @@
+"""Rows for tests, inserted through plain SQL (the state a scenario starts from)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from promptsched.clock import Clock
+from promptsched.executors.base import Registry
+from promptsched.executors.echo import EchoExecutor
+from promptsched.executors.limiter import Limiter
+from promptsched.metrics import Metrics
+from promptsched.roles.heartbeat import Heartbeat
+from promptsched.roles.worker import WorkerPool
+
+EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
+
+
+async def schedule(
+    pool: asyncpg.Pool[Any],
+    *,
+    kind: str = "cron",
+    expression: str = "0 9 * * *",
+    params: dict[str, Any] | None = None,
+    max_attempts: int = 3,
+    timeout: timedelta = timedelta(minutes=5),
+    overlap: str = "skip",
+    enabled: bool = True,
+    next_fire_at: datetime | None = None,
+    prompt: str = "hello",
+    timezone: str = "UTC",
+    misfire: str = "run_once",
+) -> int:
+    sid: int = await pool.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
+        "overlap_policy, enabled, next_fire_at, timezone, misfire_policy) "
+        "VALUES ('test', $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+        kind, expression, prompt, params or {}, max_attempts, timeout, overlap,
+        enabled, next_fire_at, timezone, misfire,
+    )
+    return sid
+
+
+async def pending_run(
+    pool: asyncpg.Pool[Any], schedule_id: int, slot: datetime = EPOCH, origin: str = "cadence"
+) -> int:
+    rid: int = await pool.fetchval(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT id, $2, $3, provider, max_attempts, $2 FROM schedules WHERE id = $1 RETURNING id",
+        schedule_id, slot, origin,
+    )
+    return rid
+
+
+def worker_pool(
+    pool: asyncpg.Pool[Any],
+    clock: Clock,
+    metrics: Metrics | None = None,
+    *,
+    slots: int = 4,
+    lease: timedelta = timedelta(seconds=30),
+    worker_id: str = "test-worker",
+) -> WorkerPool:
+    metrics = metrics or Metrics()
+    heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
+    return WorkerPool(
+        pool, clock, metrics, Registry({"echo": EchoExecutor()}), {"echo": Limiter(1000)},
+        heartbeat, slots=slots, worker_id=worker_id, retry_base=timedelta(seconds=10),
+        retry_max=timedelta(minutes=5),
+    )

@@ -1,0 +1,1 @@
+"""Fakes of external services that tests run for real over loopback."""

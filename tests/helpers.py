@@ -1,0 +1,122 @@
+"""Helpers for tests: bounded waits on conditions, and real service processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[T]],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r})")
+        await anyio.sleep(interval)
+
+
+class Service:
+    """A real ``promptsched run`` process with its JSON log captured to a file."""
+
+    def __init__(
+        self,
+        dsn: str,
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        self.log_path = log_path
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+        full_env.update(
+            {
+                "PROMPTSCHED_DATABASE_URL": dsn,
+                "PROMPTSCHED_HTTP_PORT": "0",
+                "PROMPTSCHED_LOG_FORMAT": "json",
+                "PROMPTSCHED_LOG_LEVEL": "info",
+                "PROMPTSCHED_LEASE": "2s",
+                "PROMPTSCHED_HEARTBEAT": "500ms",
+                "PROMPTSCHED_DRAIN_GRACE": "1s",
+                "PROMPTSCHED_RETRY_BASE": "100ms",
+                "PROMPTSCHED_RETRY_MAX": "500ms",
+            }
+        )
+        full_env.update(env or {})
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "promptsched", "run", *args],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def events(self) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    continue
+        return found
+
+    def has_event(self, name: str, **fields: Any) -> dict[str, Any] | None:
+        for event in self.events():
+            if event.get("event") == name and all(event.get(k) == v for k, v in fields.items()):
+                return event
+        return None
+
+    async def wait_event(self, name: str, *, timeout: float = 20, **fields: Any) -> dict[str, Any]:
+        async def check() -> dict[str, Any] | None:
+            if self.process.poll() is not None and not self.has_event(name, **fields):
+                raise AssertionError(
+                    f"service exited ({self.process.returncode}) before {name}:\n"
+                    + self.log_path.read_text()[-3000:]
+                )
+            return self.has_event(name, **fields)
+
+        return await wait_until(check, timeout=timeout, what=f"log event {name} {fields}")
+
+    async def ready(self, timeout: float = 30) -> dict[str, Any]:
+        return await self.wait_event("supervisor.ready", timeout=timeout)
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM, wait for a clean exit (SIGKILL if it hangs); returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self._log.close()
+        return code

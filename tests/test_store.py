@@ -1,0 +1,153 @@
+"""The store: migrations, the schema snapshot, the query registry, and index-backed plans."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from promptsched.errors import SchemaMismatch
+from promptsched.store import migrate, queries, sqlfiles
+from promptsched.store import pool as pools
+from promptsched.store.embedded import EmbeddedPostgres, _bin
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = ROOT / "promptsched" / "store" / "sql" / "schema.sql"
+
+
+def test_every_named_query_has_exactly_one_wrapper() -> None:
+    source = (ROOT / "promptsched" / "store" / "queries.py").read_text()
+    used = re.findall(r'_Q\["([a-z_]+)"\]', source)
+    names = set(sqlfiles.queries())
+    assert sorted(used) == sorted(set(used)), "a query is wrapped twice"
+    assert set(used) == names
+    for name in names:
+        assert re.search(rf"^async def {name}\(", source, re.MULTILINE), f"{name} wrapper name"
+
+
+def test_no_sql_outside_the_store() -> None:
+    offenders = []
+    for path in (ROOT / "promptsched").rglob("*.py"):
+        if "store" in path.parts:
+            continue
+        text = path.read_text()
+        if re.search(r"\b(UPDATE \w+ SET|INSERT INTO|DELETE FROM)\b", text):
+            offenders.append(str(path))
+    assert offenders == []
+
+
+async def test_migrations_are_idempotent_and_concurrent_safe(pg_server: EmbeddedPostgres) -> None:
+    admin = await asyncpg.connect(pg_server.dsn())
+    await admin.execute("DROP DATABASE IF EXISTS mig_race WITH (FORCE)")
+    await admin.execute("CREATE DATABASE mig_race")
+    try:
+        conns = [await pools.connect(pg_server.dsn("mig_race")) for _ in range(3)]
+        results: list[list[int]] = []
+
+        async def apply(conn: Any) -> None:
+            results.append(await migrate.apply(conn))
+
+        async with anyio.create_task_group() as tg:
+            for conn in conns:
+                tg.start_soon(apply, conn)
+        # Exactly one replica applied the migrations; the others found them applied.
+        latest = migrate.latest_version()
+        assert sorted(len(r) for r in results) == [0, 0, latest]
+        assert await migrate.apply(conns[0]) == []
+        await migrate.check(conns[0])
+        for conn in conns:
+            await conn.close()
+    finally:
+        await admin.execute("DROP DATABASE IF EXISTS mig_race WITH (FORCE)")
+        await admin.close()
+
+
+async def test_check_refuses_a_schema_behind_or_ahead(pool: asyncpg.Pool[Any]) -> None:
+    async with pool.acquire() as conn:
+        await migrate.check(conn)
+        latest = migrate.latest_version()
+        await conn.execute(
+            "INSERT INTO promptsched_migrations (version, name) VALUES ($1, 'future')", latest + 1
+        )
+        with pytest.raises(SchemaMismatch, match="newer than this promptsched"):
+            await migrate.check(conn)
+        await conn.execute("DELETE FROM promptsched_migrations WHERE version >= $1", latest)
+        with pytest.raises(SchemaMismatch, match="promptsched migrate"):
+            await migrate.check(conn)
+
+
+def _dump_schema(dsn: str) -> str:
+    out = subprocess.run(
+        [_bin("pg_dump"), "--schema-only", "--no-owner", "--no-privileges", dsn],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    lines = [
+        line for line in out.splitlines()
+        if line.strip() and not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config"))
+        and not line.startswith("\\")
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_schema_snapshot_matches_migrations(dsn: str) -> None:
+    """Regenerate with ``UPDATE_SNAPSHOT=1 make test`` after adding a migration."""
+    dumped = _dump_schema(dsn)
+    if os.environ.get("UPDATE_SNAPSHOT"):
+        SNAPSHOT.write_text(dumped)
+    assert SNAPSHOT.read_text() == dumped, "schema.sql is stale: run UPDATE_SNAPSHOT=1 make test"
+
+
+async def _plan(conn: Any, sql: str, *args: Any) -> str:
+    rows = await conn.fetch(f"EXPLAIN (FORMAT TEXT) {sql}", *args)
+    return "\n".join(row[0] for row in rows)
+
+
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "stale-stats"])
+async def test_claim_and_due_queries_use_their_indexes(
+    pool: asyncpg.Pool[Any], analyzed: bool
+) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
+            "SELECT 's' || g, 'cron', '* * * * *', 'p', now() + g * interval '1 second' "
+            "FROM generate_series(1, 5000) g"
+        )
+        await conn.execute(
+            "INSERT INTO runs (schedule_id, slot, provider, max_attempts, status, finished_at) "
+            "SELECT 1 + g % 5000, now() - g * interval '1 second', 'echo', 3, "
+            "CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'succeeded' END, "
+            "CASE WHEN g % 10 = 0 THEN NULL ELSE now() END FROM generate_series(1, 50000) g"
+        )
+        if analyzed:
+            await conn.execute("ANALYZE")
+        claim = sqlfiles.queries()["run_claim_batch"]
+        plan = await _plan(conn, claim, None, "echo", 10, "w", timedelta(seconds=30))
+        assert "runs_claim_idx" in plan, plan
+        assert "Sort" not in plan and "Seq Scan on runs" not in plan, plan
+        due = sqlfiles.queries()["schedule_take_due"]
+        plan = await _plan(conn, due, None, 500)
+        assert "schedules_due_idx" in plan, plan
+        assert "Seq Scan on schedules" not in plan, plan
+
+
+async def test_wrappers_round_trip_one_run(pool: asyncpg.Pool[Any]) -> None:
+    sid = await pool.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt) "
+        "VALUES ('x', 'cron', '* * * * *', 'p') RETURNING id"
+    )
+    await pool.execute(
+        "INSERT INTO runs (schedule_id, slot, provider, max_attempts) VALUES ($1, now(), 'echo', 3)",
+        sid,
+    )
+    from datetime import timedelta
+
+    claimed = await queries.run_claim_batch(pool, None, "echo", 5, "w1", timedelta(seconds=30))
+    assert [row["attempts"] for row in claimed] == [1]
+    assert claimed[0]["prompt"] == "p"

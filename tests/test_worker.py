@@ -1,0 +1,177 @@
+"""Worker and reaper against real Postgres, time moved by a frozen clock (no sleeping)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+
+from promptsched.clock import FrozenClock
+from promptsched.metrics import Metrics
+from promptsched.roles.reaper import Reaper
+from promptsched.store import queries
+from tests import factories
+from tests.factories import EPOCH
+
+
+async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
+    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+    assert row is not None
+    return row
+
+
+async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT status FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id
+    )
+    return [row["status"] for row in rows]
+
+
+async def test_a_pending_run_is_claimed_executed_and_succeeds(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(pool, prompt="weekly report")
+    rid = await factories.pending_run(pool, sid)
+    assert await factories.worker_pool(pool, clock).run_once() == 1
+    run = await _run(pool, rid)
+    assert (run["status"], run["output"], run["attempts"]) == ("succeeded", "echo: weekly report", 1)
+    assert run["lease_expires_at"] is None and run["finished_at"] == EPOCH
+    assert await _attempts(pool, rid) == ["succeeded"]
+
+
+async def test_a_run_not_yet_available_is_not_claimed(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH - timedelta(seconds=1))
+    rid = await factories.pending_run(pool, await factories.schedule(pool))
+    assert await factories.worker_pool(pool, clock).run_once() == 0
+    assert (await _run(pool, rid))["status"] == "pending"
+
+
+async def test_failures_retry_with_backoff_then_succeed(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    metrics = Metrics()
+    sid = await factories.schedule(pool, params={"fail_attempts": 2}, max_attempts=3)
+    rid = await factories.pending_run(pool, sid)
+    workers = factories.worker_pool(pool, clock, metrics)
+    delays = []
+    for attempt in (1, 2):
+        assert await workers.run_once() == 1
+        run = await _run(pool, rid)
+        assert run["status"] == "pending" and run["attempts"] == attempt
+        assert "injected failure" in run["error"]
+        delay = run["available_at"] - clock.instant
+        delays.append(delay)
+        # Not claimable before its backoff has passed.
+        assert await workers.run_once() == 0
+        clock.advance(delay)
+    # Exponential backoff with equal jitter: base 10s, so [5s, 10s] then [10s, 20s].
+    assert timedelta(seconds=5) <= delays[0] <= timedelta(seconds=10)
+    assert timedelta(seconds=10) <= delays[1] <= timedelta(seconds=20)
+    assert await workers.run_once() == 1
+    run = await _run(pool, rid)
+    assert (run["status"], run["attempts"], run["error"]) == ("succeeded", 3, None)
+    assert await _attempts(pool, rid) == ["failed", "failed", "succeeded"]
+    assert metrics.retries.labels("echo")._value.get() == 2
+
+
+async def test_retries_exhausted_go_dead_with_the_last_error(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    metrics = Metrics()
+    sid = await factories.schedule(pool, params={"fail_attempts": 9}, max_attempts=2)
+    rid = await factories.pending_run(pool, sid)
+    workers = factories.worker_pool(pool, clock, metrics)
+    await workers.run_once()
+    clock.advance(timedelta(minutes=10))
+    await workers.run_once()
+    run = await _run(pool, rid)
+    assert (run["status"], run["attempts"]) == ("dead", 2)
+    assert run["error"] == "echo: injected failure on attempt 2"
+    assert metrics.dead_letters.labels("echo")._value.get() == 1
+
+
+async def test_a_permanent_error_goes_dead_at_once(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(
+        pool, params={"fail_attempts": 1, "fail_permanent": "true"}, max_attempts=5
+    )
+    rid = await factories.pending_run(pool, sid)
+    await factories.worker_pool(pool, clock).run_once()
+    run = await _run(pool, rid)
+    assert (run["status"], run["attempts"]) == ("dead", 1)
+
+
+async def test_a_schedule_disabled_before_the_claim_skips_its_run(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(pool)
+    rid = await factories.pending_run(pool, sid)
+    await pool.execute("UPDATE schedules SET enabled = false WHERE id = $1", sid)
+    await factories.worker_pool(pool, clock).run_once()
+    run = await _run(pool, rid)
+    assert (run["status"], run["skip_reason"]) == ("skipped", "disabled")
+
+
+async def test_an_attempt_past_its_timeout_fails_and_retries(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(
+        pool, params={"latency": "30s"}, timeout=timedelta(seconds=1), max_attempts=2
+    )
+    rid = await factories.pending_run(pool, sid)
+    await factories.worker_pool(pool, clock).run_once()
+    run = await _run(pool, rid)
+    assert (run["status"], run["error"]) == ("pending", "timed out after 1s")
+
+
+async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    rid = await factories.pending_run(pool, await factories.schedule(pool))
+    [claimed] = await queries.run_claim_batch(pool, None, "echo", 1, "w", timedelta(seconds=30))
+    stale = uuid4()
+    landed = await queries.run_finish_if_current(
+        pool, clock.sql_now(), rid, stale, status="succeeded", attempt_status="succeeded",
+        output="from a stale attempt",
+    )
+    assert landed is False
+    run = await _run(pool, rid)
+    assert (run["status"], run["output"], run["attempt_id"]) == (
+        "running", None, claimed["attempt_id"]
+    )
+
+
+async def test_the_reaper_requeues_an_expired_lease_and_marks_the_attempt_lost(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = FrozenClock(EPOCH)
+    metrics = Metrics()
+    rid = await factories.pending_run(pool, await factories.schedule(pool, max_attempts=2))
+    await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
+    reaper = Reaper(pool, clock, metrics, deadline_grace=timedelta(seconds=30))
+    assert sum((await reaper.run_once()).values()) == 0  # lease still valid
+    clock.advance(timedelta(seconds=31))
+    assert (await reaper.run_once())["pending"] == 1
+    run = await _run(pool, rid)
+    assert run["status"] == "pending" and "lease expired" in run["error"]
+    assert await _attempts(pool, rid) == ["lost"]
+    # The second loss uses up max_attempts=2: dead.
+    await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
+    clock.advance(timedelta(seconds=31))
+    assert (await reaper.run_once())["dead"] == 1
+    assert (await _run(pool, rid))["status"] == "dead"
+    assert await _attempts(pool, rid) == ["lost", "lost"]
+    assert metrics.leases_reaped.labels("dead")._value.get() == 1
+
+
+async def test_serial_runs_of_one_schedule_start_one_at_a_time(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(pool, overlap="buffer_all")
+    first = await factories.pending_run(pool, sid, EPOCH - timedelta(minutes=2))
+    await factories.pending_run(pool, sid, EPOCH - timedelta(minutes=1))
+    await pool.execute("UPDATE runs SET serial = true WHERE schedule_id = $1", sid)
+    claimed = await queries.run_claim_batch(
+        pool, clock.sql_now(), "echo", 10, "w", timedelta(seconds=30)
+    )
+    assert [row["id"] for row in claimed] == [first]
+    # While the first runs, a second claimer gets nothing of this schedule.
+    again = await queries.run_claim_batch(
+        pool, clock.sql_now(), "echo", 10, "w2", timedelta(seconds=30)
+    )
+    assert again == []
