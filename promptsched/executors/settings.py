@@ -24,6 +24,9 @@ from promptsched.secret import Secret
 Kind = Literal["openai", "webhook", "echo"]
 KINDS: tuple[Kind, ...] = ("openai", "webhook", "echo")
 DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
+DEFAULT_TIMEOUT = timedelta(seconds=120)
+DEFAULT_MAX_CONCURRENCY = 8
 ECHO_MAX_CONCURRENCY = 1000
 ENV_LIST = "PROMPTSCHED_PROVIDERS"
 ENV_PREFIX = "PROMPTSCHED_PROVIDER_"
@@ -61,9 +64,9 @@ class ProviderSettings:
     api_key: Secret | None = None
     api_key_env: str | None = None
     default_model: str | None = None
-    connect_timeout: timedelta = timedelta(seconds=10)
-    request_timeout: timedelta = timedelta(seconds=120)
-    max_concurrency: int = 8
+    connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT
+    request_timeout: timedelta = DEFAULT_TIMEOUT
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     rate_per_second: float | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -138,18 +141,23 @@ def _env_tables(env: Mapping[str, str], known: set[str]) -> dict[str, dict[str, 
                 tables.setdefault(name, {})[key] = _Value(value, variable)
                 break
         else:
-            if variable.endswith("_API_KEY"):
-                raise ConfigError(
-                    variable,
-                    "API keys are read from the variable named by ..._API_KEY_ENV "
-                    "(e.g. PROMPTSCHED_PROVIDER_OPENAI_API_KEY_ENV=OPENAI_API_KEY)",
-                )
-            raise ConfigError(
-                variable,
-                f"not a setting of a configured provider (providers: {', '.join(names) or 'none'}"
-                f"; list names in {ENV_LIST}; settings: {', '.join(suffixes)})",
-            )
+            raise _stray_variable(variable, names, list(suffixes))
     return tables
+
+
+def _stray_variable(variable: str, names: list[str], suffixes: list[str]) -> ConfigError:
+    # Never echo the value: a stray ..._API_KEY variable holds a key.
+    if variable.endswith("_API_KEY"):
+        return ConfigError(
+            variable,
+            "API keys are read from the variable named by ..._API_KEY_ENV "
+            "(e.g. PROMPTSCHED_PROVIDER_OPENAI_API_KEY_ENV=OPENAI_API_KEY)",
+        )
+    return ConfigError(
+        variable,
+        f"not a setting of a configured provider (providers: {', '.join(names) or 'none'}; "
+        f"list names in {ENV_LIST}; settings: {', '.join(suffixes)})",
+    )
 
 
 def parse_providers(
@@ -180,9 +188,8 @@ def _kind(name: str, raw: Mapping[str, _Value]) -> Kind:
     if item is None:
         if name in KINDS:
             return name
-        raise ConfigError(
-            _missing_field(name, raw, "kind"), f"provider {name!r} needs a kind: {', '.join(KINDS)}"
-        )
+        message = f"provider {name!r} needs a kind: {', '.join(KINDS)}"
+        raise ConfigError(_missing_field(name, raw, "kind"), message)
     if item.value not in KINDS:
         raise ConfigError(item.field, f"unknown kind {item.value!r}; use one of {', '.join(KINDS)}")
     return cast(Kind, item.value)
@@ -190,11 +197,13 @@ def _kind(name: str, raw: Mapping[str, _Value]) -> Kind:
 
 def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> ProviderSettings:
     kind = _kind(name, raw)
-    default_concurrency = ECHO_MAX_CONCURRENCY if kind == "echo" else 8
-    connect_timeout = _duration(raw.get("connect_timeout"), timedelta(seconds=10))
-    request_timeout = _duration(raw.get("timeout"), timedelta(seconds=120))
-    if connect_timeout > request_timeout and "connect_timeout" in raw:
-        raise ConfigError(raw["connect_timeout"].field, "must not exceed the provider's timeout")
+    default_concurrency = ECHO_MAX_CONCURRENCY if kind == "echo" else DEFAULT_MAX_CONCURRENCY
+    connect_timeout = _duration(raw.get("connect_timeout"), DEFAULT_CONNECT_TIMEOUT)
+    request_timeout = _duration(raw.get("timeout"), DEFAULT_TIMEOUT)
+    if connect_timeout > request_timeout:
+        if "connect_timeout" in raw:
+            raise ConfigError(raw["connect_timeout"].field, "must not exceed the timeout")
+        connect_timeout = request_timeout  # a short timeout bounds the default connect one
     api_key_env = _api_key_env(raw.get("api_key_env"))
     return ProviderSettings(
         name=name,

@@ -16,7 +16,14 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched.clock import Clock
-from promptsched.errors import AttemptTimeout, ExecutorError, RetryableError
+from promptsched.errors import (
+    AttemptTimeout,
+    ExecutorError,
+    PermanentError,
+    RetryableError,
+    ValidationError,
+)
+from promptsched.executors import template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
@@ -168,6 +175,21 @@ class WorkerPool:
     async def _call_executor(
         self, row: asyncpg.Record, attempt: InFlight
     ) -> ExecutionResult | ExecutorError:
+        try:
+            prompt = template.render(
+                row["prompt"],
+                template.build_context(
+                    run_id=row["id"],
+                    schedule_id=row["schedule_id"],
+                    schedule_name=row["name"],
+                    slot=row["slot"],
+                    timezone=row["timezone"],
+                    previous_run_at=row["previous_run_at"],
+                    previous_output=row["previous_output"],
+                ),
+            )
+        except ValidationError as exc:
+            return PermanentError(f"bad prompt template: {exc}")
         request = ExecutionRequest(
             run_id=row["id"],
             schedule_id=row["schedule_id"],
@@ -176,7 +198,7 @@ class WorkerPool:
             attempt=row["attempts"],
             slot=row["slot"],
             timezone=row["timezone"],
-            prompt=row["prompt"],
+            prompt=prompt,
             model=row["model"],
             params=row["params"] or {},
         )

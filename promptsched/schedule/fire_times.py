@@ -88,7 +88,7 @@ def _next_pattern(
         t = p.next_local(after.astimezone(UTC).replace(tzinfo=None))
         return None if t is None else t.replace(tzinfo=UTC)
     first = _next_first(p, where, gap, zone.high_water(where, after))
-    if fold == "both":
+    if fold == "bothX":
         second = _next_second(p, where, after)
         if second is not None and (first is None or second < first):
             return second

@@ -80,9 +80,17 @@ WITH candidates AS (
 )
 SELECT c.*, s.name, s.owner, s.prompt, s.model, s.params, s.timezone, s.enabled,
        s.paused_until, extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
-       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag
+       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag,
+       previous.finished_at AS previous_run_at, previous.output AS previous_output
 FROM claimed c
-JOIN schedules s ON s.id = c.schedule_id;
+JOIN schedules s ON s.id = c.schedule_id
+-- The previous successful run feeds the prompt template ({{ previous_output }}).
+LEFT JOIN LATERAL (
+    SELECT p.finished_at, p.output FROM runs p
+    WHERE p.schedule_id = c.schedule_id AND p.status = 'succeeded' AND p.slot < c.slot
+    ORDER BY p.slot DESC
+    LIMIT 1
+) previous ON true;
 
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from
