@@ -12,11 +12,18 @@ import asyncpg
 
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
-from promptsched.errors import ValidationError
+from promptsched.errors import PromptschedError, ValidationError
 from promptsched.executors import template
 from promptsched.schedule import fire_times, overlap, spec
 from promptsched.store import queries
+from promptsched.store.pool import Conn
 
+EDITABLE = frozenset({
+    "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
+    "misfire_grace", "catchup_window", "overlap", "max_attempts", "timeout", "jitter",
+    "dst_gap", "dst_fold", "pause_after_failures", "cron", "rrule", "at", "every", "kind",
+    "expression",
+})  # fmt: skip
 MAX_NAME = 200
 MAX_PROMPT = 100_000
 MISFIRE_POLICIES = ("run_once", "skip", "run_all")
@@ -44,6 +51,7 @@ class ScheduleInput:
     dst_gap: str = "shift"
     dst_fold: str = "first"
     enabled: bool = True
+    pause_after_failures: int | None = None
 
     def spec(self) -> spec.Spec:
         return spec.parse(
@@ -146,6 +154,11 @@ def validate(raw: Mapping[str, Any], *, providers: Collection[str]) -> ScheduleI
         dst_gap=_choice(raw, "dst_gap", "shift", ("shift", "skip")),
         dst_fold=_choice(raw, "dst_fold", "first", ("first", "both")),
         enabled=bool(raw.get("enabled", True)),
+        pause_after_failures=(
+            None
+            if raw.get("pause_after_failures") is None
+            else _int(raw, "pause_after_failures", 1, 1, 1000)
+        ),
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
@@ -157,39 +170,213 @@ async def db_now(db: queries.DB, clock: Clock) -> datetime:
     return await queries.clock_now(db, clock.sql_now())
 
 
+def _columns(values: ScheduleInput) -> list[Any]:
+    """The editable columns, in the order schedule_insert and schedule_update take them."""
+    return [
+        values.name, values.kind, values.expression, values.timezone, values.dst_gap,
+        values.dst_fold, values.prompt, values.provider, values.model, dict(values.params),
+        values.misfire, values.misfire_cap, values.misfire_grace, values.catchup_window,
+        values.overlap, values.max_attempts, values.timeout, values.jitter,
+    ]  # fmt: skip
+
+
 async def create_schedule(
-    db: queries.DB, clock: Clock, values: ScheduleInput, *, owner: str
+    db: queries.DB, clock: Clock, values: ScheduleInput, *, owner: str, actor: str | None = None
 ) -> asyncpg.Record:
     now = await db_now(db, clock)
     first = spec.check_fires(values.spec(), now)  # an expression that never fires is an error
     row = await queries.schedule_insert(
-        db,
-        [
-            owner,
-            values.name,
-            values.kind,
-            values.expression,
-            values.timezone,
-            values.dst_gap,
-            values.dst_fold,
-            values.prompt,
-            values.provider,
-            values.model,
-            dict(values.params),
-            values.misfire,
-            values.misfire_cap,
-            values.misfire_grace,
-            values.catchup_window,
-            values.overlap,
-            values.max_attempts,
-            values.timeout,
-            values.jitter,
-            values.enabled,
-            first,
-        ],
+        db, [owner, *_columns(values), values.enabled, first, values.pause_after_failures]
+    )
+    await queries.schedule_change_insert(
+        db, row["id"], owner, actor or owner, "create", {"fields": schedule_json(row)}
     )
     await queries.schedule_notify_changed(db, row["id"])
     return row
+
+
+def input_from_row(row: asyncpg.Record) -> dict[str, Any]:
+    """A stored schedule as the raw input ``validate`` takes, for merging a patch into it."""
+    data = schedule_json(row)
+    keep = {f for f in ScheduleInput.__dataclass_fields__} - {"misfire_grace"}
+    raw = {key: data[key] for key in keep if key in data and data[key] is not None}
+    raw["misfire_grace"] = data["misfire_grace"]
+    return raw
+
+
+class VersionConflict(PromptschedError):
+    """The schedule changed since the editor read it."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"the schedule changed meanwhile (now at version {current})")
+        self.current = current
+
+
+class NotFound(PromptschedError):
+    def __init__(self, what: str, ident: int) -> None:
+        super().__init__(f"{what} {ident} not found")
+
+
+async def update_schedule(
+    conn: Conn,
+    clock: Clock,
+    schedule_id: int,
+    patch: Mapping[str, Any],
+    *,
+    owner: str | None,
+    actor: str,
+    providers: Collection[str],
+    expected_version: int | None = None,
+) -> asyncpg.Record:
+    """Apply a partial update. A new expression or zone takes effect from the next slot: slots
+    already enqueued are not enqueued again, and a slot due now is not lost."""
+    async with conn.transaction():
+        row = await queries.schedule_get_for_update(conn, schedule_id, owner)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        if expected_version is not None and row["version"] != expected_version:
+            raise VersionConflict(row["version"])
+        unknown = sorted(set(patch) - EDITABLE)
+        if unknown:
+            raise ValidationError(unknown[0], "is not a field that can be changed")
+        merged = input_from_row(row)
+        if any(kind in patch for kind in KINDS):
+            merged.pop("kind", None)
+            merged.pop("expression", None)
+        merged.update(patch)
+        values = validate(merged, providers=providers)
+        cursor = row["next_fire_at"]
+        timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
+        if any(getattr(values, f) != row[f] for f in timing):
+            now = await db_now(conn, clock)
+            after = min(now, cursor) if cursor is not None else now
+            cursor = spec.check_fires(values.spec(), after - timedelta(microseconds=1))
+        updated = await queries.schedule_update(
+            conn, schedule_id, row["version"],
+            [*_columns(values), cursor, values.pause_after_failures],
+        )  # fmt: skip
+        assert updated is not None  # the row is locked: its version cannot move
+        before, after_json = schedule_json(row), schedule_json(updated)
+        changes = {
+            k: [before[k], after_json[k]]
+            for k in after_json
+            if k not in ("version", "updated_at") and before.get(k) != after_json[k]
+        }
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, "update", changes
+        )
+        await queries.schedule_notify_changed(conn, schedule_id)
+        return updated
+
+
+async def pause_schedule(
+    conn: Conn,
+    schedule_id: int,
+    *,
+    owner: str | None,
+    actor: str,
+    until: datetime | None = None,
+    reason: str | None = None,
+) -> asyncpg.Record:
+    async with conn.transaction():
+        row = await queries.schedule_pause(conn, schedule_id, owner, until, reason)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, "pause",
+            {"until": until.isoformat() if until else None, "reason": reason},
+        )  # fmt: skip
+        await queries.schedule_notify_changed(conn, schedule_id)
+        return row
+
+
+async def resume_schedule(
+    conn: Conn, schedule_id: int, *, owner: str | None, actor: str
+) -> asyncpg.Record:
+    """Resume; slots missed while paused meet the schedule's misfire policy on the next tick."""
+    async with conn.transaction():
+        row = await queries.schedule_resume(conn, schedule_id, owner)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        await queries.schedule_change_insert(conn, schedule_id, row["owner"], actor, "resume", {})
+        await queries.schedule_notify_changed(conn, schedule_id)
+        return row
+
+
+async def trigger_schedule(
+    conn: Conn, clock: Clock, schedule_id: int, *, owner: str | None, actor: str
+) -> asyncpg.Record:
+    """A run now, outside the cadence (origin ``manual``)."""
+    async with conn.transaction():
+        row = await queries.schedule_get(conn, schedule_id, owner)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        run = await queries.run_insert_manual(conn, schedule_id, clock.sql_now())
+        assert run is not None
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, "trigger",
+            {"run_id": run["id"]},
+        )  # fmt: skip
+        await queries.run_notify_ready(conn, "manual")
+        return run
+
+
+MAX_BACKFILL = 1000
+
+
+async def backfill_schedule(
+    conn: Conn,
+    clock: Clock,
+    schedule_id: int,
+    start: datetime,
+    end: datetime,
+    *,
+    owner: str | None,
+    actor: str,
+) -> list[asyncpg.Record]:
+    """Runs for the past slots in [start, end] that have none yet (origin ``backfill``)."""
+    if start.tzinfo is None or end.tzinfo is None:
+        raise ValidationError("start", "start and end need a UTC offset")
+    if end < start:
+        raise ValidationError("end", "must not be before start")
+    async with conn.transaction():
+        row = await queries.schedule_get(conn, schedule_id, owner)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        now = await db_now(conn, clock)
+        if end > now:
+            raise ValidationError("end", "a backfill covers the past only")
+        schedule_spec = spec.Spec(row["kind"], row["expression"], row["timezone"],
+                                  row["dst_gap"], row["dst_fold"])  # fmt: skip
+        slots = []
+        for slot in fire_times.iter_after(schedule_spec, start - timedelta(microseconds=1)):
+            if slot > end:
+                break
+            slots.append(slot)
+            if len(slots) > MAX_BACKFILL:
+                raise ValidationError(
+                    "end", f"the range holds more than {MAX_BACKFILL} slots; split it"
+                )
+        created = await queries.run_insert_backfill(conn, schedule_id, slots, clock.sql_now())
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, "backfill",
+            {"start": start.isoformat(), "end": end.isoformat(), "runs": len(created)},
+        )  # fmt: skip
+        if created:
+            await queries.run_notify_ready(conn, "backfill")
+        return created
+
+
+async def delete_schedule(conn: Conn, schedule_id: int, *, owner: str | None, actor: str) -> None:
+    async with conn.transaction():
+        row = await queries.schedule_get_for_update(conn, schedule_id, owner)
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, "delete", {"name": row["name"]}
+        )
+        await queries.schedule_delete(conn, schedule_id, owner)
+        await queries.schedule_notify_changed(conn, schedule_id)
 
 
 def _json_value(value: Any) -> Any:

@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
+from promptsched.roles import autopause
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.store import queries
 
@@ -53,6 +54,7 @@ class Reaper:
                 self.metrics.leases_reaped.labels(outcome).inc()
                 if outcome == "dead":
                     self.metrics.runs_finished.labels("dead").inc()
+                    await autopause.check(self.pool, row["schedule_id"])
                 log.warning(
                     "run.reaped",
                     run_id=row["id"],

@@ -217,7 +217,18 @@ class Scheduler:
         cap = self.max_sleep.total_seconds()
         return cap if seconds is None else max(0.0, min(cap, seconds))
 
+    async def resume_due(self) -> int:
+        """Resume schedules whose "pause until" ran out."""
+        resumed = await queries.schedule_resume_due(self.pool, self.clock.sql_now())
+        for row in resumed:
+            await queries.schedule_change_insert(
+                self.pool, row["id"], row["owner"], "promptsched", "auto_resume", {}
+            )
+            log.info("schedule.auto_resumed", schedule_id=row["id"])
+        return len(resumed)
+
     async def _tick(self) -> float:
+        await self.resume_due()
         await self.run_once()
         self.metrics.scheduler_alive.set_to_current_time()
         return await self.seconds_until_due()

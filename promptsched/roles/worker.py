@@ -27,6 +27,7 @@ from promptsched.executors import template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
+from promptsched.roles import autopause
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
 from promptsched.schedule.backoff import RetryPolicy, decide
@@ -284,6 +285,8 @@ class WorkerPool:
             if landed:
                 if fields["status"] != "pending":
                     self.metrics.runs_finished.labels(fields["status"]).inc()
+                if fields["status"] == "dead":
+                    await autopause.check(self.pool, row["schedule_id"])
                 bound.info(
                     f"run.{fields['status']}",
                     attempt=row["attempts"],

@@ -49,7 +49,7 @@ class Listener:
                 await anyio.sleep(min(5.0, 0.2 * 2 ** min(failures, 5)))
                 continue
             try:
-                conn.add_termination_listener(lambda _conn: lost.set())
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 for channel in self.handlers:
                     await conn.add_listener(channel, self._on_notify)
                 self.connected = True

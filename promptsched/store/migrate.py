@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from promptsched.errors import SchemaMismatch
 from promptsched.store.pool import Conn
 from promptsched.store.sqlfiles import migrations

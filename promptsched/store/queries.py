@@ -79,10 +79,45 @@ async def schedule_seconds_until_due(db: DB, now: datetime | None) -> float | No
     return value
 
 
-async def schedule_set_enabled(
-    db: DB, schedule_id: int, enabled: bool, next_fire_at: datetime | None
+async def schedule_resume_due(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["schedule_resume_due"], now)
+
+
+async def schedule_get_for_update(db: DB, schedule_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["schedule_get_for_update"], schedule_id, owner)
+
+
+async def schedule_update(
+    db: DB, schedule_id: int, version: int, values: Sequence[Any]
 ) -> Record | None:
-    return await db.fetchrow(_Q["schedule_set_enabled"], schedule_id, enabled, next_fire_at)
+    """None when the version moved on (another editor won)."""
+    return await db.fetchrow(_Q["schedule_update"], schedule_id, version, *values)
+
+
+async def schedule_pause(
+    db: DB, schedule_id: int, owner: str | None, until: datetime | None, reason: str | None
+) -> Record | None:
+    return await db.fetchrow(_Q["schedule_pause"], schedule_id, owner, until, reason)
+
+
+async def schedule_resume(db: DB, schedule_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["schedule_resume"], schedule_id, owner)
+
+
+async def schedule_pause_if_failing(db: DB, schedule_id: int) -> Record | None:
+    return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id)
+
+
+async def schedule_change_insert(
+    db: DB, schedule_id: int, owner: str, actor: str, action: str, changes: dict[str, Any]
+) -> None:
+    await db.execute(_Q["schedule_change_insert"], schedule_id, owner, actor, action, changes)
+
+
+async def schedule_change_list(
+    db: DB, schedule_id: int, owner: str | None, limit: int
+) -> list[Record]:
+    return await db.fetch(_Q["schedule_change_list"], schedule_id, owner, limit)
 
 
 async def schedule_delete(db: DB, schedule_id: int, owner: str | None) -> bool:
@@ -116,6 +151,16 @@ async def run_insert_ticks(
         available_at,
         now,
     )
+
+
+async def run_insert_manual(db: DB, schedule_id: int, now: datetime | None) -> Record | None:
+    return await db.fetchrow(_Q["run_insert_manual"], schedule_id, now)
+
+
+async def run_insert_backfill(
+    db: DB, schedule_id: int, slots: Sequence[datetime], now: datetime | None
+) -> list[Record]:
+    return await db.fetch(_Q["run_insert_backfill"], schedule_id, slots, now)
 
 
 async def run_unfinished_counts(db: DB, schedule_ids: Sequence[int]) -> list[Record]:

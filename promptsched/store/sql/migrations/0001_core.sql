@@ -28,6 +28,8 @@ CREATE TABLE schedules (
     enabled          boolean     NOT NULL DEFAULT true,
     paused_until     timestamptz,
     pause_reason     text,
+    -- pause the schedule after this many consecutive dead runs (NULL: never)
+    pause_after_failures integer CHECK (pause_after_failures > 0),
     next_fire_at     timestamptz,
     version          integer     NOT NULL DEFAULT 1,
     created_at       timestamptz NOT NULL DEFAULT now(),
@@ -37,6 +39,22 @@ CREATE TABLE schedules (
 -- The scheduler's due query walks this index in next_fire_at order.
 CREATE INDEX schedules_due_idx ON schedules (next_fire_at) WHERE enabled;
 CREATE INDEX schedules_owner_idx ON schedules (owner, id);
+-- Paused schedules with an auto-resume instant.
+CREATE INDEX schedules_resume_idx ON schedules (paused_until) WHERE NOT enabled;
+
+-- Who changed what, when: one row per create/update/pause/resume/delete.
+CREATE TABLE schedule_changes (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    schedule_id bigint      NOT NULL,
+    owner       text        NOT NULL,
+    actor       text        NOT NULL,
+    action      text        NOT NULL CHECK (action IN ('create', 'update', 'pause', 'resume',
+                                                        'delete', 'trigger', 'backfill',
+                                                        'auto_pause', 'auto_resume')),
+    changes     jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX schedule_changes_schedule_idx ON schedule_changes (schedule_id, id);
 
 CREATE TABLE runs (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

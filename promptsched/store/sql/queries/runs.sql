@@ -215,3 +215,25 @@ SELECT extract(epoch FROM (min(least(lease_expires_at, deadline_at + $2::interva
                            - coalesce($1::timestamptz, now())))::float8
 FROM runs
 WHERE status = 'running';
+
+-- name: run_insert_manual
+-- Trigger now: a run outside the cadence, marked manual, so it never collides with a slot.
+INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial)
+SELECT id, coalesce($2::timestamptz, now()), 'manual', provider, max_attempts,
+       coalesce($2::timestamptz, now()), false
+FROM schedules
+WHERE id = $1
+RETURNING *;
+
+-- name: run_insert_backfill
+-- Backfill: past slots as runs marked backfill; a slot that already has a cadence or backfill
+-- run is left alone. Unless overlap is allow, they run one after another (serial).
+INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial)
+SELECT s.id, b.slot, 'backfill', s.provider, s.max_attempts, coalesce($3::timestamptz, now()),
+       s.overlap_policy <> 'allow'
+FROM schedules s, unnest($2::timestamptz[]) AS b(slot)
+WHERE s.id = $1
+  AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.schedule_id = s.id AND c.slot = b.slot
+                  AND c.origin IN ('cadence', 'backfill'))
+ON CONFLICT (schedule_id, slot) WHERE origin = 'backfill' DO NOTHING
+RETURNING id, slot;
