@@ -106,21 +106,43 @@ class Metrics:
         self.dead_letters = Counter(
             "dead_letters", "Runs that went dead", ["provider"], namespace=ns, registry=registry
         )
+        # The database-derived gauges below are set only by the stats leader (one replica);
+        # every other replica exports no series for them, so sum() over replicas is exact.
         self.queue_depth = Gauge(
             "queue_depth",
-            "Runs by status (read from the database by the stats leader)",
+            "Unfinished runs by status: pending (claimable now), scheduled (pending with a "
+            "future available_at: retry backoff or jitter), running",
             ["status"],
             namespace=ns,
             registry=registry,
         )
         self.oldest_pending_age = Gauge(
             "oldest_pending_age_seconds",
-            "Age of the oldest available pending run",
+            "How long the oldest claimable pending run has waited, by provider",
+            ["provider"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.stuck_runs = Gauge(
+            "stuck_runs",
+            "Running runs the reaper has not yet taken back, by reason (lease_expired, "
+            "deadline_passed)",
+            ["reason"],
             namespace=ns,
             registry=registry,
         )
         self.outbox_depth = Gauge(
-            "outbox_depth", "Notifications by status", ["status"], namespace=ns, registry=registry
+            "outbox_depth",
+            "Undelivered notifications by status",
+            ["status"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.stats_leader = Gauge(
+            "stats_leader",
+            "1 when this replica holds the stats lock and exports the database-derived gauges",
+            namespace=ns,
+            registry=registry,
         )
         self.deliveries = Counter(
             "deliveries",

@@ -19,6 +19,7 @@ from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.scheduler import Scheduler
+from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
 from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
@@ -119,6 +120,9 @@ class Supervisor:
             )
             await tg.start(reaper.run)
         if "api" in roles:
+            # Every replica serving /metrics competes for the stats lock; only the holder reads
+            # the queue gauges from the database (roles/stats.py).
+            await tg.start(Stats(self.dsn, self.clock, self.metrics).run)
             app = api_app.build(pool, self.metrics, lambda: self.ready)
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

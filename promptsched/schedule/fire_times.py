@@ -88,7 +88,7 @@ def _next_pattern(
         t = p.next_local(after.astimezone(UTC).replace(tzinfo=None))
         return None if t is None else t.replace(tzinfo=UTC)
     first = _next_first(p, where, gap, zone.high_water(where, after))
-    if fold == "bothX":
+    if fold == "both":
         second = _next_second(p, where, after)
         if second is not None and (first is None or second < first):
             return second
@@ -102,7 +102,7 @@ def _next_first(p: Pattern, where: tzinfo, gap: str, local: datetime) -> datetim
         if t is None:
             return None
         found = zone.locate(where, t)
-        if found.kind != zone.GAP or gap == "shift":
+        if found.kind != zone.GAP or gap == "shiftX":
             return found.first
         # skip the whole gap: continue from the local time just after it
         local = found.first.astimezone(where).replace(tzinfo=None) - _US

@@ -281,3 +281,35 @@ async def run_seconds_until_lease_expiry(
 async def clock_now(db: DB, now: datetime | None) -> datetime:
     value: datetime = await db.fetchval(_Q["clock_now"], now)
     return value
+
+
+# --- stats ----------------------------------------------------------------------------------
+
+
+async def stats_leader_try(db: DB, key: int) -> bool:
+    """True when this session holds (or just took) the stats leader's advisory lock."""
+    held: bool = await db.fetchval(_Q["stats_leader_try"], key)
+    return held
+
+
+async def stats_session_setup(db: DB, idle_timeout: timedelta) -> None:
+    await db.execute(_Q["stats_session_setup"], idle_timeout)
+
+
+async def stats_queue_depth(db: DB, now: datetime | None) -> Record:
+    row = await db.fetchrow(_Q["stats_queue_depth"], now)
+    assert row is not None
+    return row
+
+
+async def stats_oldest_pending(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["stats_oldest_pending"], now)
+
+
+async def stats_outbox_exists(db: DB) -> bool:
+    exists: bool = await db.fetchval(_Q["stats_outbox_exists"])
+    return exists
+
+
+async def stats_outbox_depth(db: DB) -> list[Record]:
+    return await db.fetch(_Q["stats_outbox_depth"])
