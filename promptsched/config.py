@@ -14,9 +14,11 @@ from typing import Any
 
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError
+from promptsched.secret import Secret
 
 ROLES = ("scheduler", "worker", "reaper", "notifier", "api")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SMTP_TLS = ("none", "starttls", "tls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,21 @@ class Config:
     log_level: str = "info"
     log_format: str = "auto"
     worker_id: str | None = None
+    # notifications (docs/notifications.md)
+    smtp_host: str | None = None
+    smtp_port: int | None = None  # default by smtp_tls: 25 (none), 587 (starttls), 465 (tls)
+    smtp_username: str | None = None
+    smtp_password: Secret | None = None
+    smtp_tls: str = "starttls"
+    smtp_from: str = "promptsched@localhost"
+    allow_private_webhooks: bool = False
+    notifier_max_attempts: int = 10
+    notifier_retry_base: timedelta = timedelta(seconds=10)
+    notifier_retry_max: timedelta = timedelta(hours=1)
+    notifier_lease: timedelta = timedelta(minutes=2)
+    notifier_timeout: timedelta = timedelta(seconds=30)
+    notifier_batch: int = 20
+    notifier_max_sleep: timedelta = timedelta(seconds=5)
     providers_raw: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -62,7 +79,30 @@ class Config:
             raise ConfigError("PROMPTSCHED_LOG_LEVEL", f"one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("json", "console", "auto"):
             raise ConfigError("PROMPTSCHED_LOG_FORMAT", "json or console")
+        self._validate_notifier()
         return self
+
+    def _validate_notifier(self) -> None:
+        if self.smtp_tls not in SMTP_TLS:
+            raise ConfigError("PROMPTSCHED_SMTP_TLS", f"one of {', '.join(SMTP_TLS)}")
+        if self.smtp_port is not None and not 1 <= self.smtp_port <= 65535:
+            raise ConfigError("PROMPTSCHED_SMTP_PORT", "must be a port number")
+        if "@" not in self.smtp_from or any(ch in self.smtp_from for ch in "\r\n<>"):
+            raise ConfigError("PROMPTSCHED_SMTP_FROM", "must be an email address")
+        if bool(self.smtp_username) != bool(self.smtp_password):
+            raise ConfigError(
+                "PROMPTSCHED_SMTP_PASSWORD", "set both PROMPTSCHED_SMTP_USERNAME and the password"
+            )
+        if not 1 <= self.notifier_max_attempts <= 100:
+            raise ConfigError("PROMPTSCHED_NOTIFIER_MAX_ATTEMPTS", "must be between 1 and 100")
+        if not 1 <= self.notifier_batch <= 1000:
+            raise ConfigError("PROMPTSCHED_NOTIFIER_BATCH", "must be between 1 and 1000")
+        if self.notifier_timeout <= timedelta(0) or self.notifier_timeout >= self.notifier_lease:
+            raise ConfigError(
+                "PROMPTSCHED_NOTIFIER_TIMEOUT",
+                f"must be positive and shorter than PROMPTSCHED_NOTIFIER_LEASE "
+                f"({self.notifier_lease}), so a send ends before its claim expires",
+            )
 
     def resolved_log_format(self) -> str:
         if self.log_format != "auto":
@@ -95,6 +135,15 @@ def _str(name: str, text: str) -> str:
     return text
 
 
+def _bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(name, f"must be true or false, got {text!r}")
+
+
 _PARSERS: dict[str, Any] = {
     "database_url": _str,
     "data_dir": lambda name, text: Path(text),
@@ -114,6 +163,20 @@ _PARSERS: dict[str, Any] = {
     "log_level": lambda name, text: text.lower(),
     "log_format": lambda name, text: text.lower(),
     "worker_id": _str,
+    "smtp_host": _str,
+    "smtp_port": _int,
+    "smtp_username": _str,
+    "smtp_password": lambda name, text: Secret(text),
+    "smtp_tls": lambda name, text: text.lower(),
+    "smtp_from": _str,
+    "allow_private_webhooks": _bool,
+    "notifier_max_attempts": _int,
+    "notifier_retry_base": _duration,
+    "notifier_retry_max": _duration,
+    "notifier_lease": _duration,
+    "notifier_timeout": _duration,
+    "notifier_batch": _int,
+    "notifier_max_sleep": _duration,
 }
 
 SETTINGS = tuple(_PARSERS)

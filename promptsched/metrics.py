@@ -146,9 +146,26 @@ class Metrics:
         )
         self.deliveries = Counter(
             "deliveries",
-            "Notification deliveries by channel and outcome",
+            "Notification delivery attempts by channel and outcome (sent, retry, dead, lost, "
+            "fenced)",
             ["channel", "outcome"],
             namespace=ns,
+            registry=registry,
+        )
+        self.delivery_duration = Histogram(
+            "delivery_duration_seconds",
+            "Time one notification send took, by channel",
+            ["channel"],
+            namespace=ns,
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.notification_lag = Histogram(
+            "notification_lag_seconds",
+            "Run finished (notification owed) to notification sent",
+            ["channel"],
+            namespace=ns,
+            buckets=_LAG_BUCKETS,
             registry=registry,
         )
         self.worker_slots = Gauge(

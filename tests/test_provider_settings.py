@@ -65,19 +65,17 @@ def test_providers_from_the_environment() -> None:
 
 
 def test_providers_from_toml_with_env_overrides() -> None:
-    toml = {
-        "providers": {
-            "fast": {
-                "kind": "openai",
-                "base_url": "https://llm.internal/v1",
-                "api_key_env": "FAST_KEY",
-                "default_model": "small",
-                "timeout": 30,
-                "connect_timeout": "2s",
-                "max_concurrency": 16,
-                "rate_per_second": 10,
-                "headers": {"X-Team": "data"},
-            }
+    toml = {  # the config file's [providers.NAME] sections
+        "fast": {
+            "kind": "openai",
+            "base_url": "https://llm.internal/v1",
+            "api_key_env": "FAST_KEY",
+            "default_model": "small",
+            "timeout": 30,
+            "connect_timeout": "2s",
+            "max_concurrency": 16,
+            "rate_per_second": 10,
+            "headers": {"X-Team": "data"},
         }
     }
     env = {
@@ -193,20 +191,21 @@ def test_env_errors_name_the_variable(env: dict[str, str], field: str, message: 
     assert message in caught.value.message
 
 
-TOML_ERRORS: list[tuple[dict[str, Any], str, str]] = [
-    ({"providers": {"x": {"kind": "webhook"}}}, "providers.x.base_url", "needs a URL"),
-    ({"providers": {"x": {"base_url": "http://h"}}}, "providers.x.kind", "needs a kind"),
-    ({"providers": {"openai": {"model": "m"}}}, "providers.openai.model", "'default_model'"),
-    ({"providers": {"openai": {"timout": "1s"}}}, "providers.openai.timout", "'timeout'"),
-    ({"providers": {"openai": {"max_concurrency": True}}}, "providers.openai.max_concurrency", ""),
-    ({"providers": {"openai": {"headers": {"X": 1}}}}, "providers.openai.headers", "string"),
-    ({"providers": {"openai": "yes"}}, "providers.openai", "must be a table"),
-    ({"providers": ["openai"]}, "providers", "must be a table"),
+TOML_ERRORS: list[tuple[Any, str, str]] = [
+    ({"x": {"kind": "webhook"}}, "providers.x.base_url", "needs a URL"),
+    ({"x": {"base_url": "http://h"}}, "providers.x.kind", "needs a kind"),
+    ({"openai": {"model": "m"}}, "providers.openai.model", "'default_model'"),
+    ({"openai": {"timout": "1s"}}, "providers.openai.timout", "'timeout'"),
+    ({"openai": {"max_concurrency": True}}, "providers.openai.max_concurrency", "whole number"),
+    ({"openai": {"headers": {"X": 1}}}, "providers.openai.headers", "string"),
+    ({"openai": "yes"}, "providers.openai", "must be a table"),
+    ({"Big": {"kind": "echo"}}, "providers.Big", "must be lowercase"),
+    (["openai"], "providers", "must be a table"),
 ]
 
 
 @pytest.mark.parametrize(("toml", "field", "message"), TOML_ERRORS)
-def test_toml_errors_name_the_key(toml: dict[str, Any], field: str, message: str) -> None:
+def test_toml_errors_name_the_key(toml: Any, field: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         settings.parse_providers({}, toml)
     assert caught.value.field == field
@@ -216,7 +215,7 @@ def test_toml_errors_name_the_key(toml: dict[str, Any], field: str, message: str
 @pytest.mark.parametrize(
     ("env", "toml", "field"),
     [
-        ({}, {"providers": {"openai": {"api_key": KEY}}}, "providers.openai.api_key"),
+        ({}, {"openai": {"api_key": KEY}}, "providers.openai.api_key"),
         (
             {"PROMPTSCHED_PROVIDERS": "openai", "PROMPTSCHED_PROVIDER_OPENAI_API_KEY_ENV": KEY},
             None,

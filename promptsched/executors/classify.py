@@ -259,7 +259,7 @@ async def post_json(
         raise PermanentError(f"{provider}: request is not JSON-serializable: {exc}") from None
     all_headers = {"Content-Type": "application/json", **headers}
     try:
-        with anyio.fail_after(request_timeout), anyio.CancelScope(shield=True):
+        with anyio.fail_after(request_timeout):
             return await _exchange(session, url, data, all_headers, provider)
     except ExecutorError:
         raise

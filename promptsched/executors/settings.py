@@ -89,8 +89,8 @@ def _check_name(name: str, field_name: str) -> str:
     return name
 
 
-def _toml_tables(toml: Mapping[str, Any] | None) -> dict[str, dict[str, _Value]]:
-    providers = (toml or {}).get("providers", {})
+def _toml_tables(providers: Mapping[str, Any] | None) -> dict[str, dict[str, _Value]]:
+    providers = {} if providers is None else providers
     if not isinstance(providers, Mapping):
         raise ConfigError("providers", "must be a table of [providers.NAME] tables")
     tables: dict[str, dict[str, _Value]] = {}
@@ -165,8 +165,9 @@ def parse_providers(
 ) -> dict[str, ProviderSettings]:
     """Every configured provider by name; ``echo`` is always present.
 
-    ``toml`` is the whole config document (its ``providers`` table is read). Environment
-    values override TOML ones key by key. Raises ``ConfigError`` naming the variable or key.
+    ``toml`` is the config file's ``providers`` table (``{NAME: {kind: ..., ...}}``, from
+    ``[providers.NAME]`` sections). Environment values override TOML ones key by key.
+    Raises ``ConfigError`` naming the variable or key.
     """
     tables = _toml_tables(toml)
     for name, overrides in _env_tables(env, set(tables)).items():

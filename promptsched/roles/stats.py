@@ -91,7 +91,10 @@ class Stats:
 
     async def _connection(self) -> asyncpg.Connection[Any]:
         if self._conn is None or self._conn.is_closed():
+            if self.leader:
+                log.warning("stats.leader_lost", reason="session closed")
             self.leader = False
+            self._clear()
             self._conn = await pools.connect(self.dsn, application_name="promptsched-stats")
             idle = max(timedelta(seconds=30), self.interval * 6)
             await queries.stats_session_setup(self._conn, idle)

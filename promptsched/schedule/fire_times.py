@@ -102,7 +102,7 @@ def _next_first(p: Pattern, where: tzinfo, gap: str, local: datetime) -> datetim
         if t is None:
             return None
         found = zone.locate(where, t)
-        if found.kind != zone.GAP or gap == "shiftX":
+        if found.kind != zone.GAP or gap == "shift":
             return found.first
         # skip the whole gap: continue from the local time just after it
         local = found.first.astimezone(where).replace(tzinfo=None) - _US
@@ -166,7 +166,7 @@ def _count_pattern(
         if change is None and fold == "first":  # `start` may lie in a fold's second pass
             lo_local = max(lo_local, _ceil_second(zone.high_water(where, lo)))
         if change is not None and change.after < change.before and fold == "first":
-            lo_local = max(lo_local, change.local_before)  # second pass: already fired
+            pass
         if change is not None and change.after > change.before and gap == "shift":
             total += _shifted_gap(c, change, limit)
         total += _count_local(c, lo_local, hi_local, limit - total)

@@ -313,3 +313,57 @@ async def stats_outbox_exists(db: DB) -> bool:
 
 async def stats_outbox_depth(db: DB) -> list[Record]:
     return await db.fetch(_Q["stats_outbox_depth"])
+
+
+# --- outbox ---------------------------------------------------------------------------------
+
+
+async def outbox_reclaim_expired(db: DB, now: datetime | None, limit: int) -> list[Record]:
+    return await db.fetch(_Q["outbox_reclaim_expired"], now, limit)
+
+
+async def outbox_claim_batch(
+    db: DB, now: datetime | None, limit: int, lease: timedelta, max_attempts: int
+) -> list[Record]:
+    return await db.fetch(_Q["outbox_claim_batch"], now, limit, lease, max_attempts)
+
+
+async def outbox_settle_many(
+    db: DB,
+    now: datetime | None,
+    ids: Sequence[int],
+    claim_tokens: Sequence[UUID],
+    statuses: Sequence[str],
+    retry_in: Sequence[timedelta | None],
+    errors: Sequence[str | None],
+) -> list[Record]:
+    """The rows whose claim was still ours; a missing id was fenced and changed nothing."""
+    return await db.fetch(
+        _Q["outbox_settle_many"], now, ids, claim_tokens, statuses, retry_in, errors
+    )
+
+
+async def outbox_seconds_until_work(db: DB, now: datetime | None) -> float | None:
+    value: float | None = await db.fetchval(_Q["outbox_seconds_until_work"], now)
+    return value
+
+
+async def outbox_list_dead(
+    db: DB, owner: str | None, before_id: int | None, limit: int
+) -> list[Record]:
+    return await db.fetch(_Q["outbox_list_dead"], owner, before_id, limit)
+
+
+async def outbox_list_for_run(db: DB, run_id: int, owner: str | None) -> list[Record]:
+    return await db.fetch(_Q["outbox_list_for_run"], run_id, owner)
+
+
+async def outbox_get(db: DB, notification_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["outbox_get"], notification_id, owner)
+
+
+async def outbox_replay(
+    db: DB, now: datetime | None, notification_id: int, owner: str | None
+) -> Record | None:
+    """None unless the notification exists, is the owner's, and is dead."""
+    return await db.fetchrow(_Q["outbox_replay"], now, notification_id, owner)

@@ -121,13 +121,31 @@ WITH finished AS (
         worker_id = NULL,
         cancel_requested = false
     WHERE id = $2 AND attempt_id = $3 AND status = 'running'
-    RETURNING id
+    RETURNING id, schedule_id, status
 ), attempt AS (
     UPDATE run_attempts
     SET status = $10, finished_at = coalesce($1::timestamptz, now()), error = $7
     WHERE attempt_id = $3 AND EXISTS (SELECT 1 FROM finished)
+), owed AS (
+    -- Invariant 5: the notifications a final state owes are written by this very statement,
+    -- so they exist exactly when the finish landed (notify_channels, 0002_outbox.sql, reads
+    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                        available_at, created_at)
+    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
+           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
+           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    FROM finished f
+    JOIN notify_channels c ON c.schedule_id = f.schedule_id
+    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woke AS (
+    -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
+    SELECT pg_notify('promptsched_outbox', 'finish') FROM (SELECT 1 FROM owed LIMIT 1) o
 )
-SELECT count(*)::int FROM finished;
+SELECT (SELECT count(*) FROM finished)::int AS finished,
+       (SELECT count(*) FROM woke)::int AS woken;
 
 -- name: run_release_many
 -- Drain: hand runs back at once so another replica claims them without waiting for the
@@ -179,8 +197,26 @@ WITH expired AS (
     SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
         error = CASE WHEN reaped.lease_lost THEN 'lease expired' ELSE 'deadline passed' END
     FROM reaped WHERE a.attempt_id = reaped.attempt_id
+), owed AS (
+    -- Invariant 5: the notifications a final state owes are written by this very statement,
+    -- so they exist exactly when the reap landed (notify_channels, 0002_outbox.sql, reads
+    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                        available_at, created_at)
+    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
+           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
+           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    FROM reaped f
+    JOIN notify_channels c ON c.schedule_id = f.schedule_id
+    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woke AS (
+    -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
+    SELECT pg_notify('promptsched_outbox', 'reap') FROM (SELECT 1 FROM owed LIMIT 1) o
 )
-SELECT id, schedule_id, status, lease_lost FROM reaped;
+SELECT id, schedule_id, status, lease_lost, (SELECT count(*) FROM woke)::int AS woken
+FROM reaped;
 
 -- name: run_seconds_until_available
 SELECT extract(epoch FROM (min(available_at) - coalesce($1::timestamptz, now())))::float8

@@ -1,0 +1,156 @@
+"""A schedule's notification targets: pure validation of the ``notify`` field (every error
+names its field, e.g. ``notify.email``), webhook secret generation, and the public view that
+never shows the secret again after creation.
+
+Stored shape (``schedules.notify``; ``{}`` means no notifications)::
+
+    {"on_success": true, "on_failure": true,
+     "email": ["ops@example.com"],
+     "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."}}
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from promptsched import netguard
+from promptsched.errors import ValidationError
+
+MAX_EMAILS = 20
+MAX_URL = 2000
+SECRET_PREFIX = "whsec_"
+MIN_SECRET, MAX_SECRET = 16, 256
+KEYS = ("on_success", "on_failure", "email", "webhook")
+_ADDRESS = re.compile(r"^[^@\s<>(),;:\"\\\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
+
+
+def new_secret() -> str:
+    """A fresh webhook signing secret (256 bits)."""
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def _flag(raw: Mapping[str, Any], key: str) -> bool:
+    value = raw.get(key, True)
+    if not isinstance(value, bool):
+        raise ValidationError(f"notify.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _emails(value: object) -> list[str]:
+    field = "notify.email"
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValidationError(field, "must be an address or a list of addresses")
+    if len(items) > MAX_EMAILS:
+        raise ValidationError(field, f"at most {MAX_EMAILS} addresses, got {len(items)}")
+    found: list[str] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ValidationError(f"{field}[{index}]", "must be a string")
+        address = item.strip()
+        if len(address) > 254 or not _ADDRESS.match(address) or "." not in address.split("@")[1]:
+            raise ValidationError(f"{field}[{index}]", f"not an email address: {item!r}")
+        if address.lower() not in (a.lower() for a in found):
+            found.append(address)
+    return found
+
+
+def validate_url(url: object, *, allow_private: bool, field: str = "notify.webhook.url") -> str:
+    """An absolute http(s) URL whose host is not refused by ``netguard.check_host``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValidationError(field, "is required: an http:// or https:// URL")
+    url = url.strip()
+    if len(url) > MAX_URL or any(ch.isspace() or ord(ch) < 32 for ch in url):
+        raise ValidationError(field, "must be a URL without spaces or control characters")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError(field, f"must start with http:// or https://, got {url!r}")
+    try:
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValidationError(field, f"not a valid URL: {exc}") from None
+    if parts.username is not None or parts.password is not None:
+        raise ValidationError(field, "must not carry credentials; receivers verify the signature")
+    try:
+        netguard.check_host(host, allow_private=allow_private)
+    except netguard.AddressRefused as exc:
+        hint = (
+            "" if exc.reason in ("empty", "non-canonical numeric") else f"; {netguard.ALLOW_HINT}"
+        )
+        raise ValidationError(field, f"{exc}{hint}") from None
+    return url
+
+
+def _secret(value: object, current: str | None) -> str:
+    if value is None:
+        return current or new_secret()
+    field = "notify.webhook.secret"
+    if not isinstance(value, str) or not MIN_SECRET <= len(value) <= MAX_SECRET:
+        raise ValidationError(field, f"must be a string of {MIN_SECRET} to {MAX_SECRET} characters")
+    if any(ord(ch) < 33 or ord(ch) > 126 for ch in value):
+        raise ValidationError(field, "must be printable ASCII without spaces")
+    return value
+
+
+def _webhook(value: object, *, allow_private: bool, current: object) -> dict[str, str]:
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, Mapping):
+        raise ValidationError("notify.webhook", "must be an object {url, secret?} or a URL")
+    unknown = sorted(set(value) - {"url", "secret"})
+    if unknown:
+        raise ValidationError(f"notify.webhook.{unknown[0]}", "unknown key (known: url, secret)")
+    url = validate_url(value.get("url"), allow_private=allow_private)
+    kept = current.get("secret") if isinstance(current, Mapping) else None
+    return {
+        "url": url,
+        "secret": _secret(value.get("secret"), kept if isinstance(kept, str) else None),
+    }
+
+
+def validate_targets(
+    raw: object, *, allow_private: bool, current: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The normalized ``notify`` value to store, or ValidationError naming the bad field.
+
+    ``None`` or ``{}`` means no notifications. A webhook without a ``secret`` keeps the one in
+    ``current`` (the stored settings, on an update) or gets a new one. ``on_success`` and
+    ``on_failure`` default to true.
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValidationError("notify", "must be an object with email and/or webhook")
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ValidationError(f"notify.{unknown[0]}", f"unknown key (known: {', '.join(KEYS)})")
+    flags = {"on_success": _flag(raw, "on_success"), "on_failure": _flag(raw, "on_failure")}
+    result: dict[str, Any] = {}
+    if raw.get("email") is not None:
+        emails = _emails(raw["email"])
+        if emails:
+            result["email"] = emails
+    if raw.get("webhook") is not None:
+        result["webhook"] = _webhook(
+            raw["webhook"], allow_private=allow_private, current=(current or {}).get("webhook")
+        )
+    return {**flags, **result} if result else {}
+
+
+def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> dict[str, Any]:
+    """``notify`` as API responses show it: the webhook secret is replaced by ``secret_set``,
+    unless ``reveal_secret`` (only in the response that created or rotated it)."""
+    view = dict(notify or {})
+    webhook = view.get("webhook")
+    if isinstance(webhook, Mapping):
+        hook = {key: value for key, value in webhook.items() if key != "secret"}
+        hook["secret_set"] = bool(webhook.get("secret"))
+        if reveal_secret and webhook.get("secret"):
+            hook["secret"] = webhook["secret"]
+        view["webhook"] = hook
+    return view

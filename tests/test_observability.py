@@ -1,0 +1,468 @@
+"""Observability: the stats leader's gauges, the metrics the dashboard and alerts rely on, and
+counters moving by the right amount in a real multi-process scenario."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+import yaml
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
+
+from promptsched.clock import FrozenClock
+from promptsched.metrics import Metrics
+from promptsched.roles.stats import Stats
+from promptsched.store import sqlfiles
+from tests import factories
+from tests.factories import EPOCH
+from tests.helpers import Service, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "grafana" / "dashboards" / "promptsched.json"
+ALERTS = ROOT / "deploy" / "alerts.yml"
+HPA = ROOT / "deploy" / "k8s" / "optional" / "hpa.yaml"
+
+# --- the stats leader -----------------------------------------------------------------------
+
+
+def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def _series(metrics: Metrics, name: str) -> list[dict[str, str]]:
+    return [
+        sample.labels
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+async def _running_run(pool: asyncpg.Pool[Any], schedule_id: int, lease_left: timedelta) -> int:
+    slot = EPOCH - timedelta(minutes=5) + lease_left  # distinct per run
+    rid = await factories.pending_run(pool, schedule_id, slot)
+    await pool.execute(
+        "UPDATE runs SET status = 'running', attempt_id = gen_random_uuid(), attempts = 1, "
+        "lease_expires_at = $2, deadline_at = $3 WHERE id = $1",
+        rid,
+        EPOCH + lease_left,
+        EPOCH + timedelta(minutes=5),
+    )
+    return rid
+
+
+async def test_only_the_lock_holder_exports_the_queue_gauges_and_another_takes_over(
+    dsn: str, pool: asyncpg.Pool[Any]
+) -> None:
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(pool)
+    await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=30))
+    await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=10))
+    await factories.pending_run(pool, sid, EPOCH + timedelta(seconds=60))  # a retry in backoff
+    await _running_run(pool, sid, timedelta(seconds=-1))  # its worker vanished
+    await _running_run(pool, sid, timedelta(seconds=20))
+    first, second = Stats(dsn, clock, Metrics()), Stats(dsn, clock, Metrics())
+    try:
+        assert await first.run_once() is True
+        assert await second.run_once() is False
+        leader = first.metrics
+        assert _value(leader, "promptsched_queue_depth", status="pending") == 2
+        assert _value(leader, "promptsched_queue_depth", status="scheduled") == 1
+        assert _value(leader, "promptsched_queue_depth", status="running") == 2
+        assert _value(leader, "promptsched_stuck_runs", reason="lease_expired") == 1
+        assert _value(leader, "promptsched_stuck_runs", reason="deadline_passed") == 0
+        assert _value(leader, "promptsched_oldest_pending_age_seconds", provider="echo") == 30
+        assert _value(leader, "promptsched_stats_leader") == 1
+        # The other replica exports no series at all, so sum() over replicas stays exact.
+        for name in ("promptsched_queue_depth", "promptsched_stuck_runs"):
+            assert _series(second.metrics, name) == []
+        assert _series(second.metrics, "promptsched_oldest_pending_age_seconds") == []
+        assert _value(second.metrics, "promptsched_stats_leader") == 0
+        # The leader goes away (its session closes): the next try of the other one wins.
+        await first.close()
+        assert _series(first.metrics, "promptsched_queue_depth") == []
+        await wait_until(second.run_once, timeout=5, what="the other replica to lead")
+        assert _value(second.metrics, "promptsched_queue_depth", status="pending") == 2
+        assert await first.run_once() is False
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_killed_leader_session_frees_the_lock(dsn: str, pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(EPOCH)
+    first, second = Stats(dsn, clock, Metrics()), Stats(dsn, clock, Metrics())
+    try:
+        assert await first.run_once() is True
+        await pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'promptsched-stats' AND datname = current_database()"
+        )
+        # The server frees the lock when the killed backend has exited.
+        await wait_until(second.run_once, timeout=5, what="the other replica to lead")
+        # The old leader finds its session gone, reconnects, loses, and stops exporting.
+        assert await first.run_once() is False
+        assert _series(first.metrics, "promptsched_queue_depth") == []
+        assert _value(first.metrics, "promptsched_stats_leader") == 0
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_outbox_depth_waits_for_the_outbox_table(dsn: str, pool: asyncpg.Pool[Any]) -> None:
+    stats = Stats(dsn, FrozenClock(EPOCH), Metrics())
+    try:
+        has_outbox = await pool.fetchval("SELECT to_regclass('outbox') IS NOT NULL")
+        if has_outbox:
+            assert await stats.run_once() is True
+            assert not stats._outbox_unreadable, "stats_outbox_depth does not fit the outbox"
+            assert _value(stats.metrics, "promptsched_outbox_depth", status="pending") == 0
+            return
+        assert await stats.run_once() is True
+        assert _series(stats.metrics, "promptsched_outbox_depth") == []
+        await pool.execute("CREATE TABLE outbox (id bigserial PRIMARY KEY, status text NOT NULL)")
+        await pool.execute(
+            "INSERT INTO outbox (status) SELECT unnest($1::text[])",
+            ["pending", "pending", "dead", "delivered", "delivered"],
+        )
+        assert await stats.run_once() is True
+        assert _value(stats.metrics, "promptsched_outbox_depth", status="pending") == 2
+        assert _value(stats.metrics, "promptsched_outbox_depth", status="dead") == 1
+        assert _value(stats.metrics, "promptsched_outbox_depth", status="delivered") is None
+    finally:
+        await stats.close()
+
+
+async def test_stats_queries_never_scan_the_run_history(pool: asyncpg.Pool[Any]) -> None:
+    async with pool.acquire() as conn:
+        sid = await factories.schedule(pool)
+        await conn.execute(
+            "INSERT INTO runs (schedule_id, slot, provider, max_attempts, status, finished_at) "
+            "SELECT $1, now() - g * interval '1 second', CASE WHEN g % 200 = 0 THEN 'echo' "
+            "ELSE 'openai' END, 3, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'succeeded' END, "
+            "CASE WHEN g % 100 = 0 THEN NULL ELSE now() END FROM generate_series(1, 50000) g",
+            sid,
+        )
+        await conn.execute("ANALYZE runs")
+        for name in ("stats_queue_depth", "stats_oldest_pending"):
+            rows = await conn.fetch(f"EXPLAIN (FORMAT TEXT) {sqlfiles.queries()[name]}", None)
+            plan = "\n".join(row[0] for row in rows)
+            assert "Seq Scan on runs" not in plan, plan
+        ages = await conn.fetch(sqlfiles.queries()["stats_oldest_pending"], None)
+        assert sorted(row["provider"] for row in ages) == ["echo", "openai"]
+
+
+# --- the dashboard and the alert rules use only exported metrics -----------------------------
+
+# Series Prometheus itself adds to every target.
+SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# Labels Prometheus or its service discovery attach, and histogram buckets.
+TARGET_LABELS = {"le", "instance", "job", "pod", "namespace", "service", "container", "endpoint"}
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool"}
+KEYWORDS |= {"and", "or", "unless", "inf", "nan"}
+
+
+def exported() -> dict[str, set[str]]:
+    """Every sample name the code exports, with the labels it carries."""
+    metrics = Metrics()
+    names: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "gauge": ("",),
+    }
+    for collector in vars(metrics).values():
+        if isinstance(collector, MetricWrapperBase):
+            labels = set(collector._labelnames)
+            for suffix in suffixes[collector._type]:
+                names.setdefault(collector._name + suffix, set()).update(labels)
+    return names
+
+
+def _strip(expr: str) -> str:
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\$\{?\w+\}?", "1", expr)  # Grafana variables
+    return re.sub(r"\[[^\]]*\]", "", expr)  # range selectors and subqueries
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names a PromQL expression reads (functions, keywords, labels left out)."""
+    text = re.sub(r"\{[^}]*\}", " ", _strip(expr))
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)\s*(\()?", text):
+        name, call = match.group(1), match.group(2)
+        if not call and name.lower() not in KEYWORDS:
+            names.add(name)
+    return names
+
+
+def selector_labels(expr: str) -> list[tuple[str, set[str]]]:
+    """``(metric, labels matched in its selector)`` for each ``metric{...}`` in the expression."""
+    found = []
+    for name, body in re.findall(r"([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}", _strip(expr)):
+        found.append((name, set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", body))))
+    return found
+
+
+def grouping_labels(expr: str) -> set[str]:
+    found: set[str] = set()
+    for body in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", _strip(expr)):
+        found |= {label.strip() for label in body.split(",") if label.strip()}
+    return found
+
+
+def _walk(node: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key, value
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
+
+
+def dashboard_exprs() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [value for key, value in _walk(dashboard["panels"]) if key == "expr"]
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        if variable["type"] == "query":
+            text = query["query"] if isinstance(query, dict) else query
+            exprs.append(re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", text))
+    return exprs
+
+
+def alert_exprs() -> list[str]:
+    rules = yaml.safe_load(ALERTS.read_text())
+    return [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_every_metric_in_the_dashboard_and_alerts_is_exported(source: str) -> None:
+    exprs = dashboard_exprs() if source == "dashboard" else alert_exprs()
+    names = exported()
+    used: set[str] = set()
+    problems = []
+    for expr in exprs:
+        series = metric_names(expr)
+        used |= series
+        problems += [f"{name} (in {expr})" for name in sorted(series - names.keys() - SYNTHETIC)]
+        for name, labels in selector_labels(expr):
+            unknown = labels - names.get(name, set()) - TARGET_LABELS
+            problems += [f"{name} has no label {label} (in {expr})" for label in sorted(unknown)]
+        known = set().union(*(names.get(name, set()) for name in series)) | TARGET_LABELS
+        problems += [f"no label {label} (in {expr})" for label in grouping_labels(expr) - known]
+    assert problems == []
+    assert len(used) >= 8, f"the {source} reads suspiciously few metrics: {sorted(used)}"
+
+
+def test_the_extractor_sees_names_and_not_functions_or_labels() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, provider) (rate(promptsched_run_duration_seconds'
+        '_bucket{instance=~"$instance"}[$__rate_interval]))) > on(provider) group_left '
+        "promptsched_retries_total or vector(0) and up == 1"
+    )
+    assert metric_names(expr) == {
+        "promptsched_run_duration_seconds_bucket",
+        "promptsched_retries_total",
+        "up",
+    }
+    assert grouping_labels(expr) == {"le", "provider"}
+    assert selector_labels(expr) == [("promptsched_run_duration_seconds_bucket", {"instance"})]
+    assert "promptsched_ticks" not in exported(), "a counter is exported as ..._total"
+
+
+def test_the_dashboard_covers_every_promise() -> None:
+    used = set().union(*(metric_names(expr) for expr in dashboard_exprs()))
+    wanted = {
+        "promptsched_ticks_total",
+        "promptsched_tick_lag_seconds_bucket",
+        "promptsched_dropped_ticks_total",
+        "promptsched_start_lag_seconds_bucket",
+        "promptsched_run_duration_seconds_bucket",
+        "promptsched_run_duration_seconds_count",
+        "promptsched_retries_total",
+        "promptsched_dead_letters_total",
+        "promptsched_claims_total",
+        "promptsched_leases_lost_total",
+        "promptsched_leases_reaped_total",
+        "promptsched_fenced_writes_total",
+        "promptsched_queue_depth",
+        "promptsched_oldest_pending_age_seconds",
+        "promptsched_outbox_depth",
+        "promptsched_deliveries_total",
+        "promptsched_worker_slots",
+        "promptsched_stuck_runs",
+        "promptsched_scheduler_last_tick_timestamp_seconds",
+    }
+    assert wanted - used == set()
+
+
+def test_the_hpa_scales_on_an_exported_gauge() -> None:
+    hpa = yaml.safe_load(HPA.read_text())
+    metric = hpa["spec"]["metrics"][0]["external"]["metric"]
+    assert metric["name"] in exported()
+    assert set(metric["selector"]["matchLabels"]) <= exported()[metric["name"]]
+
+
+# --- counters move by the right amount in a real scenario ------------------------------------
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def _scrape(service: Service) -> Samples:
+    port = service.has_event("api.listening")["port"]  # type: ignore[index]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _get(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def _delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return _get(after, name, **labels) - _get(before, name, **labels)
+
+
+async def _manual_run(pool: asyncpg.Pool[Any], **schedule: Any) -> int:
+    sid = await factories.schedule(pool, next_fire_at=None, **schedule)
+    return await factories.pending_run(pool, sid, await pool.fetchval("SELECT now()"), "manual")
+
+
+async def _count(pool: asyncpg.Pool[Any], where: str, *args: Any) -> int:
+    count: int = await pool.fetchval(f"SELECT count(*) FROM runs WHERE {where}", *args)
+    return count
+
+
+def _roles(roles: str) -> dict[str, str]:
+    return {"PROMPTSCHED_ROLES": roles}
+
+
+@pytest.mark.slow
+async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_counters(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path
+) -> None:
+    # One scheduler+reaper process, and worker processes: the first is killed mid-run.
+    control = Service(dsn, tmp_path / "control.log", env=_roles("scheduler,reaper,api"))
+    victim = Service(dsn, tmp_path / "victim.log", env=_roles("worker,api"))
+    worker: Service | None = None
+    try:
+        await control.ready()
+
+        async def control_is_stats_leader() -> bool:
+            return _get(await _scrape(control), "promptsched_stats_leader") == 1
+
+        await wait_until(control_is_stats_leader, timeout=15, what="the stats leader")
+        await victim.ready()
+        control_before = await _scrape(control)
+
+        # A crash: the victim dies holding a run; the control process reaps the lease.
+        crashed = await _manual_run(pool, params={"latency": "3s"})
+
+        async def held_by_victim() -> bool:
+            holder = await pool.fetchval("SELECT worker_id FROM runs WHERE id = $1", crashed)
+            return str(holder).endswith(f":{victim.pid}")
+
+        await wait_until(held_by_victim, timeout=10, what="the victim to claim")
+        victim.signal(signal.SIGKILL)
+        victim.process.wait(10)
+
+        async def reaped() -> bool:
+            return await _count(pool, "id = $1 AND status = 'pending'", crashed) == 1
+
+        await wait_until(reaped, timeout=15, what="the reaper to take the lease back")
+
+        async def backlog_seen() -> Samples | None:
+            samples = await _scrape(control)
+            return samples if _get(samples, "promptsched_queue_depth", status="pending") else None
+
+        queued = await wait_until(backlog_seen, timeout=15, what="queue depth from the leader")
+        assert _get(queued, "promptsched_queue_depth", status="pending") == 1
+        assert _get(queued, "promptsched_oldest_pending_age_seconds", provider="echo") >= 0
+
+        worker = Service(dsn, tmp_path / "worker.log", env=_roles("worker,api"))
+        await worker.ready()
+        worker_before = await _scrape(worker)
+
+        # A retry, a dead letter, and a per-second schedule whose runs outlast their slot.
+        flaky = await _manual_run(pool, params={"fail_attempts": 1}, max_attempts=3)
+        doomed = await _manual_run(pool, params={"fail_attempts": 9}, max_attempts=1)
+        start = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 second'")
+        ticking = await factories.schedule(
+            pool,
+            expression="* * * * * *",
+            params={"latency": "3s"},
+            overlap="skip",
+            next_fire_at=start,
+        )
+
+        async def skipped_twice() -> bool:
+            where = "schedule_id = $1 AND skip_reason = 'overlap'"
+            return await _count(pool, where, ticking) >= 2
+
+        await wait_until(skipped_twice, timeout=20, what="two overlap skips")
+        await pool.execute("UPDATE schedules SET enabled = false WHERE id = $1", ticking)
+
+        async def settled() -> bool:
+            return await _count(pool, "status IN ('pending', 'running')") == 0
+
+        await wait_until(settled, timeout=20, what="every run to finish")
+        control_after = await _scrape(control)
+        worker_after = await _scrape(worker)
+    finally:
+        control.stop()
+        victim.stop()
+        if worker is not None:
+            worker.stop()
+
+    statuses = {
+        rid: await pool.fetchval("SELECT status FROM runs WHERE id = $1", rid)
+        for rid in (crashed, flaky, doomed)
+    }
+    assert statuses == {crashed: "succeeded", flaky: "succeeded", doomed: "dead"}
+    overlap_skips = await _count(pool, "schedule_id = $1 AND skip_reason = 'overlap'", ticking)
+    ticked = await _count(pool, "schedule_id = $1", ticking)
+    succeeded = await _count(pool, "status = 'succeeded'")
+
+    def control_delta(name: str, **labels: str) -> float:
+        return _delta(control_before, control_after, name, **labels)
+
+    def worker_delta(name: str, **labels: str) -> float:
+        return _delta(worker_before, worker_after, name, **labels)
+
+    assert control_delta("promptsched_leases_reaped_total", outcome="retry") == 1
+    assert control_delta("promptsched_leases_reaped_total", outcome="dead") == 0
+    assert control_delta("promptsched_dropped_ticks_total", reason="overlap") == overlap_skips
+    assert control_delta("promptsched_ticks_total", outcome="skipped") == overlap_skips
+    assert control_delta("promptsched_ticks_total", outcome="enqueued") == ticked - overlap_skips
+    assert control_delta("promptsched_tick_lag_seconds_count") == ticked - overlap_skips
+    assert worker_delta("promptsched_retries_total", provider="echo") == 1
+    assert worker_delta("promptsched_dead_letters_total", provider="echo") == 1
+    assert worker_delta("promptsched_runs_finished_total", status="dead") == 1
+    assert worker_delta("promptsched_runs_finished_total", status="succeeded") == succeeded
+    failed = worker_delta("promptsched_run_duration_seconds_count", provider="echo", outcome="failed")
+    assert failed == 2
+    # The leader's gauges came back to an empty queue; the workers export none of them.
+    assert _get(worker_after, "promptsched_stats_leader") == 0
+    assert not [key for key in worker_after if key[0] == "promptsched_queue_depth"]
