@@ -22,18 +22,50 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     else:
         renderer = structlog.processors.JSONRenderer()
+    # Structured tracebacks without frame locals: a local may hold a secret (an API key).
+    tracebacks: Any = _keep
+    if fmt == "json":
+        tracebacks = structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        )
+    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks if fmt == "json" else structlog.dev.set_exc_info,
+            timestamper,
+            tracebacks if fmt == "json" else structlog.dev.set_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # Libraries (asyncpg, aiohttp) log through the standard library: render their lines the
+    # same way, so every line on stderr parses as JSON in production.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                timestamper,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                tracebacks,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(_LEVELS[level])
+
+
+def _keep(logger: Any, method: str, event: Any) -> Any:
+    return event
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:

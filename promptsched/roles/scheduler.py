@@ -186,6 +186,15 @@ class Scheduler:
         plans: dict[int, policies.TickPlan],
     ) -> None:
         for row in inserted:
+            # One line per run created: its life starts here, bound to its ids.
+            log.info(
+                "run.enqueued" if row["status"] == "pending" else "run.skipped",
+                run_id=row["id"],
+                schedule_id=row["schedule_id"],
+                slot=row["slot"].isoformat(),
+                skip_reason=row["skip_reason"],
+                missed_slots=row["missed_slots"],
+            )
             if row["status"] == "pending":
                 counts.enqueued += 1
                 self.metrics.tick_lag.observe(

@@ -166,7 +166,7 @@ def _count_pattern(
         if change is None and fold == "first":  # `start` may lie in a fold's second pass
             lo_local = max(lo_local, _ceil_second(zone.high_water(where, lo)))
         if change is not None and change.after < change.before and fold == "first":
-            pass
+            lo_local = max(lo_local, change.local_before)  # second pass: already fired
         if change is not None and change.after > change.before and gap == "shift":
             total += _shifted_gap(c, change, limit)
         total += _count_local(c, lo_local, hi_local, limit - total)

@@ -1,0 +1,89 @@
+"""Delivery of owed notifications: the message every channel sends, the sender protocol, and
+the error that says whether trying again can help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from promptsched.errors import PromptschedError
+from promptsched.secret import Secret
+
+# Outputs beyond this are cut (with a note) so one huge answer cannot clog a mailbox.
+MAX_TEXT_CHARS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One owed message: what happened to one run, for one channel."""
+
+    id: int
+    idempotency_key: str
+    channel: str
+    event: str  # succeeded | dead
+    target: Any  # email: a list of addresses; webhook: {"url": ...}
+    schedule_id: int
+    schedule_name: str
+    timezone: str
+    run_id: int
+    slot: datetime
+    origin: str
+    run_attempts: int
+    output: str | None
+    error: str | None
+    finished_at: datetime | None
+    webhook_secret: Secret | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.event == "succeeded"
+
+    @property
+    def event_type(self) -> str:
+        """``run.succeeded`` or ``run.dead``."""
+        return f"run.{self.event}"
+
+    def local_slot(self) -> datetime:
+        """The slot in the schedule's time zone (UTC if the zone is unknown here)."""
+        try:
+            return self.slot.astimezone(ZoneInfo(self.timezone))
+        except (ZoneInfoNotFoundError, ValueError):
+            return self.slot.astimezone(UTC)
+
+    def slot_text(self) -> str:
+        """``2026-03-02 10:00 CET (Europe/Paris)``: how people read the slot."""
+        local = self.local_slot()
+        clock = "%H:%M:%S" if local.second else "%H:%M"
+        return f"{local.strftime(f'%Y-%m-%d {clock} %Z')} ({self.timezone})"
+
+
+def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
+class DeliveryError(PromptschedError):
+    """A send failed. ``permanent`` means trying again gives the same answer (the notification
+    goes dead at once); ``retry_after`` (seconds) is the receiver's own wish."""
+
+    def __init__(
+        self, message: str, *, permanent: bool = False, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+        self.retry_after = retry_after
+
+
+class Sender(Protocol):
+    """One channel. ``send`` returns an optional note for the log (e.g. recipients refused
+    while others accepted), raises ``DeliveryError``, and aborts promptly when cancelled."""
+
+    channel: str
+
+    async def send(self, notification: Notification) -> str | None: ...
+
+    async def aclose(self) -> None: ...
