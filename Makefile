@@ -24,8 +24,8 @@ test-fast: install
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check promptsched tests
-	$(BIN)/ruff format --check promptsched tests
+	$(BIN)/ruff check promptsched tests bench
+	$(BIN)/ruff format --check promptsched tests bench
 	$(BIN)/mypy
 
 bench: install

@@ -17,6 +17,7 @@ from promptsched.config import Config
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
+from promptsched.roles.notifier import CRASH_AFTER_SEND_ENV, Notifier, build_senders
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.stats import Stats
@@ -104,12 +105,17 @@ class Supervisor:
                 max_sleep=config.worker_max_sleep,
             )
             handlers[listen.CHANNEL_RUNS] = self.worker.notify
+        notifier = self._notifier(pool) if "notifier" in roles else None
+        if notifier is not None:
+            handlers[listen.CHANNEL_OUTBOX] = notifier.notify
         if handlers:
             await tg.start(listen.Listener(self.dsn, handlers).run)
         if "scheduler" in roles:
             await tg.start(scheduler.run)
         if self.worker is not None:
             await tg.start(self.worker.run)
+        if notifier is not None:
+            await tg.start(notifier.run)
         if "reaper" in roles:
             reaper = Reaper(
                 pool,
@@ -126,6 +132,23 @@ class Supervisor:
             app = api_app.build(pool, self.metrics, lambda: self.ready)
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)
+
+    def _notifier(self, pool: asyncpg.Pool[Any]) -> Notifier:
+        config = self.config
+        return Notifier(
+            pool,
+            self.clock,
+            self.metrics,
+            build_senders(config),
+            lease=config.notifier_lease,
+            timeout=config.notifier_timeout,
+            max_attempts=config.notifier_max_attempts,
+            retry_base=config.notifier_retry_base,
+            retry_max=config.notifier_retry_max,
+            batch=config.notifier_batch,
+            max_sleep=config.notifier_max_sleep,
+            crash_after_send=config.env.get(CRASH_AFTER_SEND_ENV) == "1",
+        )
 
     async def _drain(self) -> None:
         """Phase one: not ready, stop claiming, give in-flight runs the grace, release the rest."""

@@ -37,8 +37,17 @@ async def schedule(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
         "overlap_policy, enabled, next_fire_at, timezone, misfire_policy) "
         "VALUES ('test', $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
-        kind, expression, prompt, params or {}, max_attempts, timeout, overlap,
-        enabled, next_fire_at, timezone, misfire,
+        kind,
+        expression,
+        prompt,
+        params or {},
+        max_attempts,
+        timeout,
+        overlap,
+        enabled,
+        next_fire_at,
+        timezone,
+        misfire,
     )
     return sid
 
@@ -49,7 +58,9 @@ async def pending_run(
     rid: int = await pool.fetchval(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
         "SELECT id, $2, $3, provider, max_attempts, $2 FROM schedules WHERE id = $1 RETURNING id",
-        schedule_id, slot, origin,
+        schedule_id,
+        slot,
+        origin,
     )
     return rid
 
@@ -66,7 +77,14 @@ def worker_pool(
     metrics = metrics or Metrics()
     heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
     return WorkerPool(
-        pool, clock, metrics, Registry({"echo": EchoExecutor()}), {"echo": Limiter(1000)},
-        heartbeat, slots=slots, worker_id=worker_id, retry_base=timedelta(seconds=10),
+        pool,
+        clock,
+        metrics,
+        Registry({"echo": EchoExecutor()}),
+        {"echo": Limiter(1000)},
+        heartbeat,
+        slots=slots,
+        worker_id=worker_id,
+        retry_base=timedelta(seconds=10),
         retry_max=timedelta(minutes=5),
     )

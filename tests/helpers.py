@@ -62,7 +62,7 @@ class Service:
             }
         )
         full_env.update(env or {})
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self._log = open(log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "promptsched", "run", *args],
             env=full_env,

@@ -31,7 +31,8 @@ async def _settle(pool: asyncpg.Pool[Any], ids: list[int]) -> None:
 
     async def settled() -> bool:
         return not await pool.fetchval(
-            "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")
+            "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+        )
 
     await wait_until(settled, timeout=30, what="every run to finish")
 
@@ -40,8 +41,10 @@ async def test_misfire_policies_after_the_service_was_down(
     dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path
 ) -> None:
     common = {"cron": "* * * * * *", "misfire_grace": "500ms", "overlap": "allow"}
-    ids = {policy: await _create(pool, misfire=policy, misfire_cap=2, **common)
-           for policy in ("run_once", "skip", "run_all")}
+    ids = {
+        policy: await _create(pool, misfire=policy, misfire_cap=2, **common)
+        for policy in ("run_once", "skip", "run_all")
+    }
     first = Service(dsn, tmp_path / "a.log")
     try:
         await first.ready()
@@ -68,7 +71,10 @@ async def test_misfire_policies_after_the_service_was_down(
     for policy, sid in ids.items():
         rows = await pool.fetch(
             "SELECT slot, status, skip_reason, missed_slots FROM runs WHERE schedule_id = $1 "
-            "AND slot > $2 ORDER BY slot", sid, down_since)
+            "AND slot > $2 ORDER BY slot",
+            sid,
+            down_since,
+        )
         late = [r for r in rows if r["skip_reason"] == "misfire" or r["missed_slots"] > 0]
         covered = sum(1 + r["missed_slots"] for r in rows if r["slot"] <= rows[-1]["slot"])
         # Every slot of the downtime is accounted for: run, or counted in a coalesced row.
@@ -87,15 +93,20 @@ async def test_overlap_policies_when_a_run_outlasts_its_interval(
     dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path
 ) -> None:
     policies = ("skip", "allow", "buffer_one", "buffer_all", "cancel_other")
-    ids = {p: await _create(pool, cron="* * * * * *", overlap=p, params={"latency": "1500ms"})
-           for p in policies}
+    ids = {
+        p: await _create(pool, cron="* * * * * *", overlap=p, params={"latency": "1500ms"})
+        for p in policies
+    }
     live = Service(dsn, tmp_path / "svc.log", env={"PROMPTSCHED_WORKERS": "16"})
     try:
         await live.ready()
 
         async def long_enough() -> bool:
-            return bool(await pool.fetchval(
-                "SELECT count(*) >= 4 FROM runs WHERE schedule_id = $1", ids["allow"]))
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) >= 4 FROM runs WHERE schedule_id = $1", ids["allow"]
+                )
+            )
 
         await wait_until(long_enough, timeout=20, what="five slots")
         await _settle(pool, list(ids.values()))
@@ -106,7 +117,9 @@ async def test_overlap_policies_when_a_run_outlasts_its_interval(
         return await pool.fetch(
             "SELECT r.status, r.skip_reason, a.started_at, a.finished_at FROM runs r "
             "LEFT JOIN run_attempts a ON a.run_id = r.id WHERE r.schedule_id = $1 "
-            "ORDER BY r.slot", ids[policy])
+            "ORDER BY r.slot",
+            ids[policy],
+        )
 
     def overlapping(rows: list[asyncpg.Record]) -> bool:
         spans = sorted((r["started_at"], r["finished_at"]) for r in rows if r["started_at"])

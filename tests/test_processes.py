@@ -59,8 +59,9 @@ async def test_two_processes_make_exactly_one_run_per_second_slot(
             await service.ready()
         now = await pool.fetchval("SELECT now()")
         sid = await factories.schedule(
-            pool, expression="* * * * * *", next_fire_at=now.replace(microsecond=0)
-            + timedelta(seconds=1),
+            pool,
+            expression="* * * * * *",
+            next_fire_at=now.replace(microsecond=0) + timedelta(seconds=1),
         )
 
         async def enough() -> bool:
@@ -160,8 +161,11 @@ async def test_sigstop_past_the_lease_the_frozen_attempt_is_fenced(
 async def test_sigterm_hands_an_in_flight_run_over_well_under_the_lease(
     dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path
 ) -> None:
-    slow_lease = {"PROMPTSCHED_LEASE": "20s", "PROMPTSCHED_HEARTBEAT": "2s",
-                  "PROMPTSCHED_DRAIN_GRACE": "500ms"}
+    slow_lease = {
+        "PROMPTSCHED_LEASE": "20s",
+        "PROMPTSCHED_HEARTBEAT": "2s",
+        "PROMPTSCHED_DRAIN_GRACE": "500ms",
+    }
     leaving = Service(dsn, tmp_path / "leaving.log", env=slow_lease)
     staying: Service | None = None
     try:

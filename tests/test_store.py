@@ -86,11 +86,15 @@ async def test_check_refuses_a_schema_behind_or_ahead(pool: asyncpg.Pool[Any]) -
 def _dump_schema(dsn: str) -> str:
     out = subprocess.run(
         [_bin("pg_dump"), "--schema-only", "--no-owner", "--no-privileges", dsn],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     lines = [
-        line for line in out.splitlines()
-        if line.strip() and not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config"))
+        line
+        for line in out.splitlines()
+        if line.strip()
+        and not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config"))
         and not line.startswith("\\")
     ]
     return "\n".join(lines) + "\n"
@@ -143,7 +147,8 @@ async def test_wrappers_round_trip_one_run(pool: asyncpg.Pool[Any]) -> None:
         "VALUES ('x', 'cron', '* * * * *', 'p') RETURNING id"
     )
     await pool.execute(
-        "INSERT INTO runs (schedule_id, slot, provider, max_attempts) VALUES ($1, now(), 'echo', 3)",
+        "INSERT INTO runs (schedule_id, slot, provider, max_attempts) "
+        "VALUES ($1, now(), 'echo', 3)",
         sid,
     )
     from datetime import timedelta

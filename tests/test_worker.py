@@ -35,7 +35,11 @@ async def test_a_pending_run_is_claimed_executed_and_succeeds(pool: asyncpg.Pool
     rid = await factories.pending_run(pool, sid)
     assert await factories.worker_pool(pool, clock).run_once() == 1
     run = await _run(pool, rid)
-    assert (run["status"], run["output"], run["attempts"]) == ("succeeded", "echo: weekly report", 1)
+    assert (run["status"], run["output"], run["attempts"]) == (
+        "succeeded",
+        "echo: weekly report",
+        1,
+    )
     assert run["lease_expires_at"] is None and run["finished_at"] == EPOCH
     assert await _attempts(pool, rid) == ["succeeded"]
 
@@ -127,13 +131,20 @@ async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
     [claimed] = await queries.run_claim_batch(pool, None, "echo", 1, "w", timedelta(seconds=30))
     stale = uuid4()
     landed = await queries.run_finish_if_current(
-        pool, clock.sql_now(), rid, stale, status="succeeded", attempt_status="succeeded",
+        pool,
+        clock.sql_now(),
+        rid,
+        stale,
+        status="succeeded",
+        attempt_status="succeeded",
         output="from a stale attempt",
     )
     assert landed is False
     run = await _run(pool, rid)
     assert (run["status"], run["output"], run["attempt_id"]) == (
-        "running", None, claimed["attempt_id"]
+        "running",
+        None,
+        claimed["attempt_id"],
     )
 
 

@@ -1,3 +1,97 @@
+CREATE TABLE public.schedules (
+    id bigint NOT NULL,
+    owner text DEFAULT 'default'::text NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    dst_gap text DEFAULT 'shift'::text NOT NULL,
+    dst_fold text DEFAULT 'first'::text NOT NULL,
+    prompt text NOT NULL,
+    provider text DEFAULT 'echo'::text NOT NULL,
+    model text,
+    params jsonb DEFAULT '{}'::jsonb NOT NULL,
+    misfire_policy text DEFAULT 'run_once'::text NOT NULL,
+    misfire_cap integer DEFAULT 100 NOT NULL,
+    misfire_grace interval DEFAULT '00:01:00'::interval NOT NULL,
+    catchup_window interval,
+    overlap_policy text DEFAULT 'skip'::text NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    timeout interval DEFAULT '00:05:00'::interval NOT NULL,
+    jitter interval,
+    enabled boolean DEFAULT true NOT NULL,
+    paused_until timestamp with time zone,
+    pause_reason text,
+    pause_after_failures integer,
+    next_fire_at timestamp with time zone,
+    version integer DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    notify jsonb DEFAULT '{}'::jsonb NOT NULL,
+    CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
+    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
+    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'rrule'::text, 'at'::text, 'every'::text]))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
+    CONSTRAINT schedules_misfire_cap_check CHECK ((misfire_cap > 0)),
+    CONSTRAINT schedules_misfire_policy_check CHECK ((misfire_policy = ANY (ARRAY['run_once'::text, 'skip'::text, 'run_all'::text]))),
+    CONSTRAINT schedules_notify_is_object CHECK ((jsonb_typeof(notify) = 'object'::text)),
+    CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer_one'::text, 'buffer_all'::text, 'cancel_other'::text]))),
+    CONSTRAINT schedules_pause_after_failures_check CHECK ((pause_after_failures > 0))
+);
+CREATE VIEW public.notify_channels AS
+ SELECT s.id AS schedule_id,
+    c.channel,
+    c.target,
+        CASE
+            WHEN (jsonb_typeof((s.notify -> 'on_success'::text)) = 'boolean'::text) THEN ((s.notify -> 'on_success'::text))::boolean
+            ELSE true
+        END AS on_success,
+        CASE
+            WHEN (jsonb_typeof((s.notify -> 'on_failure'::text)) = 'boolean'::text) THEN ((s.notify -> 'on_failure'::text))::boolean
+            ELSE true
+        END AS on_failure
+   FROM (public.schedules s
+     CROSS JOIN LATERAL ( VALUES ('email'::text,
+                CASE
+                    WHEN ((jsonb_typeof((s.notify -> 'email'::text)) = 'array'::text) AND (jsonb_array_length((s.notify -> 'email'::text)) > 0)) THEN (s.notify -> 'email'::text)
+                    ELSE NULL::jsonb
+                END), ('webhook'::text,
+                CASE
+                    WHEN ((jsonb_typeof((s.notify -> 'webhook'::text)) = 'object'::text) AND (jsonb_typeof(((s.notify -> 'webhook'::text) -> 'url'::text)) = 'string'::text)) THEN ((s.notify -> 'webhook'::text) - 'secret'::text)
+                    ELSE NULL::jsonb
+                END)) c(channel, target))
+  WHERE (c.target IS NOT NULL);
+CREATE TABLE public.outbox (
+    id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    schedule_id bigint NOT NULL,
+    channel text NOT NULL,
+    target jsonb NOT NULL,
+    event text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_expires_at timestamp with time zone,
+    claim_token uuid,
+    last_error text,
+    idempotency_key text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_at timestamp with time zone,
+    CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text]))),
+    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text]))),
+    CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'sent'::text, 'dead'::text])))
+);
+ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.promptsched_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -53,41 +147,23 @@ ALTER TABLE public.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
-CREATE TABLE public.schedules (
+CREATE TABLE public.schedule_changes (
     id bigint NOT NULL,
-    owner text DEFAULT 'default'::text NOT NULL,
-    name text NOT NULL,
-    kind text NOT NULL,
-    expression text NOT NULL,
-    timezone text DEFAULT 'UTC'::text NOT NULL,
-    dst_gap text DEFAULT 'shift'::text NOT NULL,
-    dst_fold text DEFAULT 'first'::text NOT NULL,
-    prompt text NOT NULL,
-    provider text DEFAULT 'echo'::text NOT NULL,
-    model text,
-    params jsonb DEFAULT '{}'::jsonb NOT NULL,
-    misfire_policy text DEFAULT 'run_once'::text NOT NULL,
-    misfire_cap integer DEFAULT 100 NOT NULL,
-    misfire_grace interval DEFAULT '00:01:00'::interval NOT NULL,
-    catchup_window interval,
-    overlap_policy text DEFAULT 'skip'::text NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    timeout interval DEFAULT '00:05:00'::interval NOT NULL,
-    jitter interval,
-    enabled boolean DEFAULT true NOT NULL,
-    paused_until timestamp with time zone,
-    pause_reason text,
-    next_fire_at timestamp with time zone,
-    version integer DEFAULT 1 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
-    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
-    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'rrule'::text, 'at'::text, 'every'::text]))),
-    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
-    CONSTRAINT schedules_misfire_cap_check CHECK ((misfire_cap > 0)),
-    CONSTRAINT schedules_misfire_policy_check CHECK ((misfire_policy = ANY (ARRAY['run_once'::text, 'skip'::text, 'run_all'::text]))),
-    CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer_one'::text, 'buffer_all'::text, 'cancel_other'::text])))
+    schedule_id bigint NOT NULL,
+    owner text NOT NULL,
+    actor text NOT NULL,
+    action text NOT NULL,
+    changes jsonb DEFAULT '{}'::jsonb NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_changes_action_check CHECK ((action = ANY (ARRAY['create'::text, 'update'::text, 'pause'::text, 'resume'::text, 'delete'::text, 'trigger'::text, 'backfill'::text, 'auto_pause'::text, 'auto_resume'::text])))
+);
+ALTER TABLE public.schedule_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.schedule_changes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.schedules_id_seq
@@ -97,6 +173,10 @@ ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_idempotency_key_key UNIQUE (idempotency_key);
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.run_attempts
@@ -105,8 +185,15 @@ ALTER TABLE ONLY public.run_attempts
     ADD CONSTRAINT run_attempts_run_id_number_key UNIQUE (run_id, number);
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.schedule_changes
+    ADD CONSTRAINT schedule_changes_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+CREATE INDEX outbox_claim_idx ON public.outbox USING btree (available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX outbox_dead_idx ON public.outbox USING btree (id) WHERE (status = 'dead'::text);
+CREATE INDEX outbox_lease_idx ON public.outbox USING btree (lease_expires_at) WHERE (status = 'sending'::text);
+CREATE INDEX outbox_run_idx ON public.outbox USING btree (run_id);
+CREATE INDEX outbox_schedule_idx ON public.outbox USING btree (schedule_id);
 CREATE UNIQUE INDEX runs_backfill_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'backfill'::text);
 CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'cadence'::text);
 CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
@@ -114,8 +201,14 @@ CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (f
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
+CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
 CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE enabled;
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
+CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.run_attempts
     ADD CONSTRAINT run_attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.runs

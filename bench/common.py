@@ -1,0 +1,112 @@
+"""Shared bench harness: an embedded Postgres of its own, fresh databases, service processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from promptsched.store import migrate
+from promptsched.store import pool as pools
+from promptsched.store.embedded import EmbeddedPostgres
+
+
+@contextmanager
+def server() -> Iterator[EmbeddedPostgres]:
+    data_dir = Path(tempfile.mkdtemp(prefix="psb-", dir="/tmp"))
+    # fsync off for both promptsched and the bare-SQL baselines: ratios stay fair, and the
+    # shared machine's disk does not dominate.
+    embedded = EmbeddedPostgres(data_dir, fast_unsafe=True)
+    embedded.ensure_running()
+    try:
+        yield embedded
+    finally:
+        embedded.stop("immediate")
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def fresh_database(embedded: EmbeddedPostgres) -> str:
+    name = f"b_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(embedded.dsn())
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    dsn = embedded.dsn(name)
+    conn = await pools.connect(dsn)
+    try:
+        await migrate.apply(conn)
+    finally:
+        await conn.close()
+    return dsn
+
+
+class Process:
+    """A `promptsched run` process for a workload."""
+
+    def __init__(self, dsn: str, log: Path, env: dict[str, str] | None = None) -> None:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+        full.update(
+            {
+                "PROMPTSCHED_DATABASE_URL": dsn,
+                "PROMPTSCHED_HTTP_PORT": "0",
+                "PROMPTSCHED_LOG_FORMAT": "json",
+                "PROMPTSCHED_LOG_LEVEL": "warning",
+            }
+        )
+        full.update(env or {})
+        self.log = log
+        self._handle = open(log, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "promptsched", "run"],
+            env=full,
+            stdout=self._handle,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._handle.close()
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[Any]], timeout: float, interval: float = 0.02
+) -> float:
+    """Seconds until ``predicate`` is truthy; raises after ``timeout``."""
+    start = time.perf_counter()
+    while not await predicate():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError("bench condition not reached")
+        await asyncio.sleep(interval)
+    return time.perf_counter() - start
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")

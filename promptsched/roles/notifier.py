@@ -1,0 +1,269 @@
+"""The notifier owns delivery: it claims owed notifications from the outbox under a lease,
+sends each batch concurrently, and records every outcome conditioned on its claim token.
+
+Delivery is at least once: a crash between "sent" and "marked" re-sends after the claim
+expires, with the same Message-ID / Idempotency-Key, so receivers see the same message.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from promptsched.clock import Clock
+from promptsched.delivery import DeliveryError, Notification, Sender
+from promptsched.delivery.email import EmailSender, EmailSettings
+from promptsched.delivery.webhook import WebhookSender
+from promptsched.metrics import Metrics
+from promptsched.roles.loop import Wakeup, run_forever
+from promptsched.schedule.backoff import RetryPolicy, decide
+from promptsched.secret import Secret
+from promptsched.store import queries
+
+if TYPE_CHECKING:
+    from promptsched.config import Config
+
+log = structlog.get_logger("notifier")
+
+# Test hook: set in the environment of `promptsched run` to make the notifier SIGKILL its own
+# process right after a batch was sent and before it is marked sent, so a test can show the
+# re-send after a crash deterministically. Never set it in production.
+CRASH_AFTER_SEND_ENV = "PROMPTSCHED_TEST_CRASH_AFTER_SEND"
+
+
+def build_senders(config: Config) -> dict[str, Sender]:
+    timeout = config.notifier_timeout.total_seconds()
+    return {
+        "email": EmailSender(EmailSettings.from_config(config)),
+        "webhook": WebhookSender(allow_private=config.allow_private_webhooks, timeout=timeout),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str  # sent | pending (retry) | dead
+    retry_in: timedelta | None = None
+    error: str | None = None
+    note: str | None = None
+
+
+def notification(row: asyncpg.Record) -> Notification:
+    secret = row["webhook_secret"]
+    return Notification(
+        id=row["id"],
+        idempotency_key=row["idempotency_key"],
+        channel=row["channel"],
+        event=row["event"],
+        target=row["target"],
+        schedule_id=row["schedule_id"],
+        schedule_name=row["schedule_name"],
+        timezone=row["timezone"],
+        run_id=row["run_id"],
+        slot=row["slot"],
+        origin=row["origin"],
+        run_attempts=row["run_attempts"],
+        output=row["output"],
+        error=row["error"],
+        finished_at=row["finished_at"],
+        webhook_secret=Secret(secret) if secret else None,
+    )
+
+
+class Notifier:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        clock: Clock,
+        metrics: Metrics,
+        senders: Mapping[str, Sender],
+        *,
+        lease: timedelta = timedelta(minutes=2),
+        timeout: timedelta = timedelta(seconds=30),
+        max_attempts: int = 10,
+        retry_base: timedelta = timedelta(seconds=10),
+        retry_max: timedelta = timedelta(hours=1),
+        batch: int = 20,
+        max_sleep: timedelta = timedelta(seconds=5),
+        crash_after_send: bool = False,
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.metrics = metrics
+        self.senders = dict(senders)
+        self.lease = lease
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self.batch = batch
+        self.max_sleep = max_sleep
+        self.crash_after_send = crash_after_send
+        self.wakeup = Wakeup()
+
+    def notify(self, _payload: str | None = None) -> None:
+        """Notifications were owed (a run finished, a replay): look now."""
+        self.wakeup.set()
+
+    async def run_once(self) -> Counter[str]:
+        """Drain mode: take back expired claims, then send everything available now.
+        Returns counts by outcome (sent, retry, dead, lost, fenced, released)."""
+        counts = await self._reclaim()
+        while True:
+            rows = await queries.outbox_claim_batch(
+                self.pool, self.clock.sql_now(), self.batch, self.lease, self.max_attempts
+            )
+            if not rows:
+                return counts
+            counts.update(await self._deliver(rows))
+
+    async def _reclaim(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        rows = await queries.outbox_reclaim_expired(self.pool, self.clock.sql_now(), 1000)
+        for row in rows:
+            counts["lost"] += 1
+            self.metrics.deliveries.labels(row["channel"], "lost").inc()
+            log.warning(
+                "notification.lost",
+                notification_id=row["id"],
+                run_id=row["run_id"],
+                channel=row["channel"],
+                attempts=row["attempts"],
+                status=row["status"],
+            )
+        return counts
+
+    async def _deliver(self, rows: list[asyncpg.Record]) -> Counter[str]:
+        outcomes: dict[int, Outcome] = {}
+        try:
+            async with anyio.create_task_group() as tg:
+                for row in rows:
+                    tg.start_soon(self._send_one, row, outcomes)
+        except BaseException:
+            # Shutdown: record what was sent, hand the unsent claims back, then stop.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await self._settle(rows, outcomes)
+            raise
+        if self.crash_after_send and any(o.status == "sent" for o in outcomes.values()):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (CRASH_AFTER_SEND_ENV)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            return await self._settle(rows, outcomes)
+        # The database did not answer in time: the claims expire and are sent again.
+        return Counter()
+
+    async def _send_one(self, row: asyncpg.Record, outcomes: dict[int, Outcome]) -> None:
+        item = notification(row)
+        sender = self.senders.get(item.channel)
+        started = anyio.current_time()
+        try:
+            if sender is None:
+                raise DeliveryError(f"no sender for channel {item.channel!r}", permanent=True)
+            with anyio.fail_after(self.timeout.total_seconds()):
+                note = await sender.send(item)
+            outcomes[item.id] = Outcome("sent", note=note)
+        except DeliveryError as exc:
+            outcomes[item.id] = self._failure(row, exc)
+        except TimeoutError:
+            seconds = self.timeout.total_seconds()
+            outcomes[item.id] = self._failure(row, DeliveryError(f"timed out after {seconds:g}s"))
+        except Exception as exc:  # a sender bug must not take the batch down
+            log.exception("notification.sender_crashed", notification_id=item.id)
+            outcomes[item.id] = self._failure(row, DeliveryError(f"sender crashed: {exc!r}"))
+        finally:
+            elapsed = anyio.current_time() - started
+            self.metrics.delivery_duration.labels(item.channel).observe(elapsed)
+
+    def _failure(self, row: asyncpg.Record, exc: DeliveryError) -> Outcome:
+        decision = decide(
+            retryable=not exc.permanent,
+            retry_after=exc.retry_after,
+            attempt=row["attempts"],
+            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+            jitter=random.random(),
+        )
+        if decision.action == "retry":
+            return Outcome("pending", retry_in=decision.delay, error=exc.message)
+        return Outcome("dead", error=exc.message)
+
+    async def _settle(
+        self, rows: list[asyncpg.Record], outcomes: dict[int, Outcome]
+    ) -> Counter[str]:
+        released = Outcome("pending", error="released: the notifier stopped while sending")
+        chosen = {row["id"]: outcomes.get(row["id"], released) for row in rows}
+        landed = await queries.outbox_settle_many(
+            self.pool,
+            self.clock.sql_now(),
+            [row["id"] for row in rows],
+            [row["claim_token"] for row in rows],
+            [outcome.status for outcome in chosen.values()],
+            [outcome.retry_in for outcome in chosen.values()],
+            [outcome.error for outcome in chosen.values()],
+        )
+        lags = {row["id"]: row["lag"] for row in landed}
+        counts: Counter[str] = Counter()
+        for row in rows:
+            name = self._record(row, chosen[row["id"]], row["id"] in outcomes, lags)
+            counts[name] += 1
+        return counts
+
+    def _record(
+        self, row: asyncpg.Record, outcome: Outcome, attempted: bool, lags: dict[int, float]
+    ) -> str:
+        """Count and log one transition; returns the outcome's name."""
+        channel = row["channel"]
+        name = {"sent": "sent", "pending": "retry", "dead": "dead"}[outcome.status]
+        if row["id"] not in lags:
+            name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
+        elif not attempted:
+            name = "released"
+        self.metrics.deliveries.labels(channel, name).inc()
+        if name == "sent":
+            self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row["id"]]))
+        fields = {
+            "notification_id": row["id"],
+            "run_id": row["run_id"],
+            "schedule_id": row["schedule_id"],
+            "channel": channel,
+            "event": row["event"],
+            "attempt": row["attempts"],
+            "idempotency_key": row["idempotency_key"],
+        }
+        if name == "sent":
+            log.info("notification.sent", note=outcome.note, **fields)
+        elif name == "retry":
+            retry_in = round(outcome.retry_in.total_seconds(), 3) if outcome.retry_in else 0
+            log.warning("notification.retry", error=outcome.error, retry_in=retry_in, **fields)
+        elif name == "dead":
+            log.error("notification.dead", error=outcome.error, **fields)
+        else:
+            log.warning(f"notification.{name}", **fields)
+        return name
+
+    async def _tick(self) -> float:
+        await self.run_once()
+        ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
+        cap = self.max_sleep.total_seconds()
+        # A claim that expires wakes us just after, to take it back.
+        return cap if ahead is None else max(0.01, min(cap, ahead + 0.01))
+
+    async def aclose(self) -> None:
+        for sender in self.senders.values():
+            await sender.aclose()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            await run_forever("notifier", self._tick, self.wakeup, self.metrics)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self.aclose()
