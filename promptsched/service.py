@@ -13,7 +13,7 @@ import asyncpg
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
-from promptsched.executors import template
+from promptsched.executors import openai, template
 from promptsched.schedule import fire_times, overlap, spec
 from promptsched.store import queries
 from promptsched.store.pool import Conn
@@ -121,8 +121,17 @@ def _kind_and_expression(raw: Mapping[str, Any]) -> tuple[str, str]:
     return given[0], expression
 
 
-def validate(raw: Mapping[str, Any], *, providers: Collection[str]) -> ScheduleInput:
-    """Turn user input into a checked ScheduleInput, or raise naming the first bad field."""
+def validate(
+    raw: Mapping[str, Any],
+    *,
+    providers: Collection[str],
+    provider_kinds: Mapping[str, str] | None = None,
+) -> ScheduleInput:
+    """Turn user input into a checked ScheduleInput, or raise naming the first bad field.
+
+    ``provider_kinds`` (provider name -> kind) enables the kind-specific checks of params,
+    e.g. an ``openai`` provider's generation params.
+    """
     name = _text(raw, "name", limit=MAX_NAME)
     kind, expression = _kind_and_expression(raw)
     prompt = _text(raw, "prompt", limit=MAX_PROMPT)
@@ -163,7 +172,19 @@ def validate(raw: Mapping[str, Any], *, providers: Collection[str]) -> ScheduleI
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
     values.spec()  # raises naming expression / timezone
+    _check_provider_params(values, provider_kinds or {})
     return values
+
+
+def _check_provider_params(values: ScheduleInput, provider_kinds: Mapping[str, str]) -> None:
+    """Params that would fail every attempt fail at save time instead: an ``openai``
+    provider's generation params, and the tags of a ``system`` prompt (the worker renders it
+    with the prompt's context)."""
+    if provider_kinds.get(values.provider) == "openai":
+        openai.validate_params(values.params)
+    system = values.params.get(openai.SYSTEM_PARAM)
+    if isinstance(system, str):
+        template.validate(system, field=f"params.{openai.SYSTEM_PARAM}")
 
 
 async def db_now(db: queries.DB, clock: Clock) -> datetime:
@@ -226,6 +247,7 @@ async def update_schedule(
     owner: str | None,
     actor: str,
     providers: Collection[str],
+    provider_kinds: Mapping[str, str] | None = None,
     expected_version: int | None = None,
 ) -> asyncpg.Record:
     """Apply a partial update. A new expression or zone takes effect from the next slot: slots
@@ -244,7 +266,7 @@ async def update_schedule(
             merged.pop("kind", None)
             merged.pop("expression", None)
         merged.update(patch)
-        values = validate(merged, providers=providers)
+        values = validate(merged, providers=providers, provider_kinds=provider_kinds)
         cursor = row["next_fire_at"]
         timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
         if any(getattr(values, f) != row[f] for f in timing):
@@ -404,3 +426,48 @@ def run_json(row: asyncpg.Record) -> dict[str, Any]:
 def preview(spec_: spec.Spec, after: datetime, count: int) -> list[datetime]:
     """The next fire times, by the very code path the scheduler uses."""
     return fire_times.preview(spec_, after, count)
+
+
+class StateConflict(PromptschedError):
+    """The resource's current state does not allow the operation (e.g. cancel a finished run)."""
+
+
+async def cancel_run(
+    conn: Conn, clock: Clock, run_id: int, *, owner: str | None, actor: str
+) -> asyncpg.Record:
+    """A pending run ends ``cancelled`` at once; a running one gets ``cancel_requested``, which
+    its worker's next heartbeat turns into a cooperative stop. Cancelling a cancelled run is a
+    no-op; any other finished run conflicts."""
+    row = await queries.run_cancel(conn, run_id, owner, clock.sql_now(), f"cancelled by {actor}")
+    if row is not None:
+        return row
+    current = await queries.run_get(conn, run_id, owner)
+    if current is None:
+        raise NotFound("run", run_id)
+    if current["status"] == "cancelled":
+        return current
+    raise StateConflict(
+        f"run {run_id} is {current['status']}: only a pending or running run can be cancelled"
+    )
+
+
+async def replay_run(
+    conn: Conn, clock: Clock, run_id: int, *, owner: str | None, actor: str
+) -> asyncpg.Record:
+    """A new run (origin ``replay``, ``replay_of`` = the old id) for the slot of a dead run;
+    each dead run is replayed at most once."""
+    async with conn.transaction():
+        row = await queries.run_insert_replay(conn, run_id, owner, clock.sql_now())
+        if row is None:
+            current = await queries.run_get(conn, run_id, owner)
+            if current is None:
+                raise NotFound("run", run_id)
+            if current["status"] != "dead":
+                raise StateConflict(
+                    f"run {run_id} is {current['status']}: only a dead run can be replayed"
+                )
+            existing = await queries.run_get_replay(conn, run_id)
+            again = f" as run {existing['id']}" if existing is not None else ""
+            raise StateConflict(f"run {run_id} was already replayed{again}")
+        await queries.run_notify_ready(conn, "replay")  # delivered at commit
+        return row

@@ -238,9 +238,13 @@ class Scheduler:
 
     async def _tick(self) -> float:
         await self.resume_due()
-        await self.run_once()
+        counts = await self.run_once()
         self.metrics.scheduler_alive.set_to_current_time()
-        return await self.seconds_until_due()
+        delay = await self.seconds_until_due()
+        if delay == 0 and counts.schedules == 0:
+            # Due, but another scheduler holds those rows: look again shortly, do not spin.
+            return 0.01
+        return delay
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -69,6 +69,7 @@ class WorkerPool:
         self.max_sleep = max_sleep
         self.wakeup = Wakeup()
         self.claiming = True
+        self._blocked_backoff = 0.0
         self._idle = anyio.Event()
         self._idle.set()
         self._update_slot_gauge()
@@ -134,7 +135,13 @@ class WorkerPool:
         if not ready:
             return max(0.0, min([cap, *rate_waits]))
         ahead = await queries.run_seconds_until_available(self.pool, self.clock.sql_now(), ready)
-        return cap if ahead is None else max(0.0, min(cap, ahead))
+        if ahead is not None and ahead <= 0:
+            # Available work we could not claim: another replica holds it, or a serial run
+            # waits for its predecessor. Back off (50 ms doubling to 1 s) rather than spin.
+            self._blocked_backoff = min(1.0, max(0.05, self._blocked_backoff * 2))
+            return self._blocked_backoff
+        self._blocked_backoff = 0.0
+        return cap if ahead is None else min(cap, ahead)
 
     # --- executing ------------------------------------------------------------------------
 
@@ -176,19 +183,20 @@ class WorkerPool:
     async def _call_executor(
         self, row: asyncpg.Record, attempt: InFlight
     ) -> ExecutionResult | ExecutorError:
+        context = template.build_context(
+            run_id=row["id"],
+            schedule_id=row["schedule_id"],
+            schedule_name=row["name"],
+            slot=row["slot"],
+            timezone=row["timezone"],
+            previous_run_at=row["previous_run_at"],
+            previous_output=row["previous_output"],
+        )
+        params = dict(row["params"] or {})
         try:
-            prompt = template.render(
-                row["prompt"],
-                template.build_context(
-                    run_id=row["id"],
-                    schedule_id=row["schedule_id"],
-                    schedule_name=row["name"],
-                    slot=row["slot"],
-                    timezone=row["timezone"],
-                    previous_run_at=row["previous_run_at"],
-                    previous_output=row["previous_output"],
-                ),
-            )
+            prompt = template.render(row["prompt"], context)
+            if isinstance(params.get("system"), str):  # a system prompt is a template too
+                params["system"] = template.render(params["system"], context, field="params.system")
         except ValidationError as exc:
             return PermanentError(f"bad prompt template: {exc}")
         request = ExecutionRequest(
@@ -201,7 +209,7 @@ class WorkerPool:
             timezone=row["timezone"],
             prompt=prompt,
             model=row["model"],
-            params=row["params"] or {},
+            params=params,
         )
         timeout = row["timeout_seconds"]
         try:
@@ -315,6 +323,8 @@ class WorkerPool:
         while self.claiming:
             try:
                 started = await self.claim(tg)
+                if started:
+                    self._blocked_backoff = 0.0
                 delay = 0.0 if started else await self.seconds_until_work()
                 failures = 0
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:

@@ -152,6 +152,7 @@ def _count_pattern(
     where = spec.load_zone(s.timezone)
     gap, fold = ("skip", "both") if c.hour_star else (s.dst_gap, s.dst_fold)
     until = c.until_utc if isinstance(c, rrule.RRule) else None
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     end = min(end, until) if until is not None else end
     changes = zone.transitions(where, start - _US, end)
     # half-open UTC segments of constant offset; fire times are whole seconds

@@ -367,3 +367,75 @@ async def outbox_replay(
 ) -> Record | None:
     """None unless the notification exists, is the owner's, and is dead."""
     return await db.fetchrow(_Q["outbox_replay"], now, notification_id, owner)
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+async def token_insert(
+    db: DB, owner: str, admin: bool, token_hash: str, name: str | None
+) -> Record:
+    row = await db.fetchrow(_Q["token_insert"], owner, admin, token_hash, name)
+    assert row is not None
+    return row
+
+
+async def token_authenticate(db: DB, token_hash: str, now: datetime | None) -> Record | None:
+    """The live (unrevoked) token with this hash, or None."""
+    return await db.fetchrow(_Q["token_authenticate"], token_hash, now)
+
+
+async def token_list(db: DB, owner: str | None) -> list[Record]:
+    return await db.fetch(_Q["token_list"], owner)
+
+
+async def token_revoke(db: DB, token_id: int, now: datetime | None) -> Record | None:
+    """None when there is no such live token."""
+    return await db.fetchrow(_Q["token_revoke"], token_id, now)
+
+
+# --- api ------------------------------------------------------------------------------------
+
+
+async def schedule_search(
+    db: DB,
+    *,
+    owner: str | None,
+    enabled: bool | None,
+    name: str | None,
+    after_id: int,
+    limit: int,
+) -> list[Record]:
+    return await db.fetch(_Q["schedule_search"], owner, enabled, name, after_id, limit)
+
+
+async def schedule_change_page(
+    db: DB, schedule_id: int, owner: str | None, before_id: int | None, limit: int
+) -> list[Record]:
+    return await db.fetch(_Q["schedule_change_page"], schedule_id, owner, before_id, limit)
+
+
+async def schedule_change_around(db: DB, schedule_id: int, at: datetime) -> list[Record]:
+    return await db.fetch(_Q["schedule_change_around"], schedule_id, at)
+
+
+async def run_list_for_slot(db: DB, schedule_id: int, slot: datetime) -> list[Record]:
+    return await db.fetch(_Q["run_list_for_slot"], schedule_id, slot)
+
+
+async def run_cancel(
+    db: DB, run_id: int, owner: str | None, now: datetime | None, error: str
+) -> Record | None:
+    """None unless the run exists, is the owner's, and is pending or running."""
+    return await db.fetchrow(_Q["run_cancel"], run_id, owner, now, error)
+
+
+async def run_insert_replay(
+    db: DB, run_id: int, owner: str | None, now: datetime | None
+) -> Record | None:
+    """None unless the run exists, is the owner's, is dead and was not replayed yet."""
+    return await db.fetchrow(_Q["run_insert_replay"], run_id, owner, now)
+
+
+async def run_get_replay(db: DB, run_id: int) -> Record | None:
+    return await db.fetchrow(_Q["run_get_replay"], run_id)
