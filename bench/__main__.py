@@ -19,7 +19,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _selected() -> set[str]:
     only = os.environ.get("BENCH_ONLY", "")
-    return {part.strip() for part in only.split(",") if part.strip()} or {"w2", "w3", "w6"}
+    return {part.strip() for part in only.split(",") if part.strip()} or {"w1", "w2", "w3", "w6"}
 
 
 async def _run_all(selected: set[str]) -> dict[str, Any]:
@@ -28,6 +28,10 @@ async def _run_all(selected: set[str]) -> dict[str, Any]:
         results["w6"] = w6_fire_times.measure(float(os.environ.get("BENCH_W6_SECONDS", "3")))
     workdir = Path(tempfile.mkdtemp(prefix="psb-logs-"))
     with common.server() as embedded:
+        if "w1" in selected:
+            from bench import w1_claims
+
+            results["w1"] = await w1_claims.run(embedded, workdir)
         if "w2" in selected:
             from bench import w2_rush
 

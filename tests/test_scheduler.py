@@ -367,3 +367,32 @@ async def test_pause_after_consecutive_dead_runs(pool: asyncpg.Pool[Any]) -> Non
     assert schedule["pause_reason"] == "paused after 2 consecutive dead runs"
     # Paused after the second dead run: the third minute made no run.
     assert [r[1] for r in await _runs(pool, sid)] == ["dead", "dead"]
+
+
+async def test_jitter_delays_availability_deterministically(pool: asyncpg.Pool[Any]) -> None:
+    from promptsched.schedule import jitter
+
+    clock = FrozenClock(T0 - timedelta(seconds=1))
+    sid = await _create(pool, clock, cron="* * * * *", jitter="30s")
+    clock.set(T0)
+    await _scheduler(pool, clock).run_once()
+    row = await pool.fetchrow("SELECT slot, available_at FROM runs WHERE schedule_id = $1", sid)
+    delay = row["available_at"] - row["slot"]
+    assert timedelta(0) <= delay < timedelta(seconds=30)
+    # Every replica computes the same offset for this (schedule, slot).
+    assert delay == jitter.offset(sid, T0, timedelta(seconds=30))
+    assert jitter.offset(sid, T0 + timedelta(minutes=1), timedelta(seconds=30)) != delay
+
+
+async def test_overlap_skips_are_counted_as_dropped_ticks(pool: asyncpg.Pool[Any]) -> None:
+    clock = FrozenClock(T0 - timedelta(seconds=1))
+    sid = await _create(pool, clock, cron="* * * * *")
+    metrics = Metrics()
+    scheduler = _scheduler(pool, clock, metrics)
+    clock.set(T0)
+    await scheduler.run_once()  # pending, never claimed: the next slot overlaps it
+    clock.set(T0 + timedelta(minutes=1))
+    await scheduler.run_once()
+    assert [r[1:3] for r in await _runs(pool, sid)] == [("pending", None), ("skipped", "overlap")]
+    assert metrics.dropped_ticks.labels("overlap")._value.get() == 1
+    assert metrics.ticks.labels("skipped")._value.get() == 1

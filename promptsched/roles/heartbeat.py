@@ -30,6 +30,8 @@ class InFlight:
     attempt_id: UUID
     provider: str
     permit: Permit | None
+    schedule_id: int = 0
+    worker_id: str = ""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     fenced: bool = False
     cancel_requested: bool = False
@@ -82,7 +84,9 @@ class Heartbeat:
                 log.info(
                     "attempt.cancel_requested",
                     run_id=attempt.run_id,
+                    schedule_id=attempt.schedule_id,
                     attempt_id=str(attempt.attempt_id),
+                    worker_id=attempt.worker_id,
                 )
                 attempt.scope.cancel()
         return stopped
@@ -97,7 +101,9 @@ class Heartbeat:
         log.warning(
             "attempt.fenced",
             run_id=attempt.run_id,
+            schedule_id=attempt.schedule_id,
             attempt_id=str(attempt.attempt_id),
+            worker_id=attempt.worker_id,
             reason=reason,
         )
         attempt.scope.cancel()

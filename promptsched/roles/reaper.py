@@ -54,11 +54,14 @@ class Reaper:
                 self.metrics.leases_reaped.labels(outcome).inc()
                 if outcome == "dead":
                     self.metrics.runs_finished.labels("dead").inc()
+                    self.metrics.dead_letters.labels(row["provider"]).inc()
                     await autopause.check(self.pool, row["schedule_id"])
                 log.warning(
                     "run.reaped",
                     run_id=row["id"],
                     schedule_id=row["schedule_id"],
+                    attempt_id=str(row["attempt_id"]),
+                    worker_id=row["worker_id"],
                     status=row["status"],
                     lease_lost=row["lease_lost"],
                 )

@@ -106,7 +106,14 @@ class WorkerPool:
             await self._count_claim(provider, want, len(rows))
             for row in rows:
                 permit = limiter.try_acquire()
-                attempt = InFlight(row["id"], row["attempt_id"], provider, permit)
+                attempt = InFlight(
+                    row["id"],
+                    row["attempt_id"],
+                    provider,
+                    permit,
+                    row["schedule_id"],
+                    self.worker_id,
+                )
                 self.inflight[row["id"]] = attempt
                 self._idle = anyio.Event()
                 tg.start_soon(self._execute, row, attempt)
@@ -165,6 +172,7 @@ class WorkerPool:
                     attempt_status="skipped",
                     skip_reason="disabled",
                 )
+                self.metrics.dropped_ticks.labels("disabled").inc()
                 return
             bound.info("attempt.started", attempt=row["attempts"], provider=attempt.provider)
             with attempt.scope:
@@ -180,23 +188,35 @@ class WorkerPool:
                 self._idle.set()
             self.wakeup.set()
 
-    async def _call_executor(
-        self, row: asyncpg.Record, attempt: InFlight
-    ) -> ExecutionResult | ExecutorError:
+    async def _render(self, row: asyncpg.Record) -> tuple[str, dict[str, Any]]:
+        """The prompt and params of this attempt, templates filled in from the run context."""
+        params = dict(row["params"] or {})
+        system = params.get("system")
+        texts = [row["prompt"], system if isinstance(system, str) else ""]
+        previous = None
+        if any(v.startswith("previous_") for t in texts for v in template.variables_used(t)):
+            previous = await queries.run_previous_success(
+                self.pool, row["schedule_id"], row["slot"]
+            )
         context = template.build_context(
             run_id=row["id"],
             schedule_id=row["schedule_id"],
             schedule_name=row["name"],
             slot=row["slot"],
             timezone=row["timezone"],
-            previous_run_at=row["previous_run_at"],
-            previous_output=row["previous_output"],
+            previous_run_at=previous["finished_at"] if previous else None,
+            previous_output=previous["output"] if previous else None,
         )
-        params = dict(row["params"] or {})
+        prompt = template.render(row["prompt"], context)
+        if isinstance(system, str):  # a system prompt is a template too
+            params["system"] = template.render(system, context, field="params.system")
+        return prompt, params
+
+    async def _call_executor(
+        self, row: asyncpg.Record, attempt: InFlight
+    ) -> ExecutionResult | ExecutorError:
         try:
-            prompt = template.render(row["prompt"], context)
-            if isinstance(params.get("system"), str):  # a system prompt is a template too
-                params["system"] = template.render(params["system"], context, field="params.system")
+            prompt, params = await self._render(row)
         except ValidationError as exc:
             return PermanentError(f"bad prompt template: {exc}")
         request = ExecutionRequest(
@@ -220,7 +240,13 @@ class WorkerPool:
         except ExecutorError as exc:
             return exc
         except Exception as exc:  # an executor bug must not take down the worker slot
-            log.exception("attempt.executor_crashed", run_id=row["id"])
+            log.exception(
+                "attempt.executor_crashed",
+                run_id=row["id"],
+                schedule_id=row["schedule_id"],
+                attempt_id=str(row["attempt_id"]),
+                worker_id=self.worker_id,
+            )
             return RetryableError(f"executor crashed: {exc!r}")
 
     async def _settle(
@@ -311,9 +337,12 @@ class WorkerPool:
         total = 0
         async with anyio.create_task_group() as tg:
             while True:
+                # Done only when a claim that began with nothing in flight found nothing: an
+                # attempt finishing during the claim's awaits may have freed a provider limit.
+                idle_before = not self.inflight
                 started = await self.claim(tg)
                 total += started
-                if started == 0 and not self.inflight:
+                if started == 0 and idle_before and not self.inflight:
                     break
                 await self.wakeup.wait(0.05 if started == 0 else 0)
         return total

@@ -21,35 +21,41 @@ def _skip(run: PlannedRun) -> PlannedRun:
     return replace(run, status="skipped", skip_reason="overlap")
 
 
+def _keep(planned: tuple[PlannedRun, ...], room: int) -> tuple[PlannedRun, ...]:
+    """Keep the first ``room`` pending rows in slot order; the later ones overlap them."""
+    decided = []
+    for run in planned:
+        if run.status == "pending":
+            decided.append(run if room > 0 else _skip(run))
+            room -= 1
+        else:
+            decided.append(run)
+    return tuple(decided)
+
+
 def apply(
     policy: Policy, *, pending: int, running: int, planned: tuple[PlannedRun, ...]
 ) -> OverlapDecision:
-    """Decide the planned rows given the schedule's unfinished runs before this tick.
+    """Decide the planned rows (in slot order) given the schedule's unfinished runs.
 
-    Runs planned in one tick (a ``run_all`` catch-up) are enqueued together; the policy
-    weighs them against the runs that already existed.
+    Slots planned in one tick (a late wake-up, a ``run_all`` catch-up) overlap each other as
+    well as the runs that already existed: with ``skip`` only the first of them runs.
     """
     unfinished = pending + running
     if policy == "allow" or policy == "buffer_all":
         return OverlapDecision(planned)
-    if policy == "cancel_other":
-        return OverlapDecision(planned, cancel_unfinished=unfinished > 0)
     if policy == "skip":
-        if unfinished == 0:
-            return OverlapDecision(planned)
-        return OverlapDecision(tuple(_skip(r) if r.status == "pending" else r for r in planned))
+        return OverlapDecision(_keep(planned, 0 if unfinished else 1))
     if policy == "buffer_one":
         # At most one run executing and one waiting behind it.
-        room = max(0, 2 - unfinished)
-        decided = []
-        for run in planned:
-            if run.status == "pending":
-                if room > 0:
-                    room -= 1
-                    decided.append(run)
-                else:
-                    decided.append(_skip(run))
-            else:
-                decided.append(run)
-        return OverlapDecision(tuple(decided))
+        return OverlapDecision(_keep(planned, max(0, 2 - unfinished)))
+    if policy == "cancel_other":
+        # The newest slot wins: older unfinished runs are cancelled, older planned ones skipped.
+        pending_rows = [i for i, run in enumerate(planned) if run.status == "pending"]
+        newest = pending_rows[-1] if pending_rows else -1
+        runs = tuple(
+            _skip(run) if run.status == "pending" and i != newest else run
+            for i, run in enumerate(planned)
+        )
+        return OverlapDecision(runs, cancel_unfinished=unfinished > 0)
     assert_never(policy)

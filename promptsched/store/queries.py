@@ -163,6 +163,10 @@ async def run_insert_backfill(
     return await db.fetch(_Q["run_insert_backfill"], schedule_id, slots, now)
 
 
+async def run_previous_success(db: DB, schedule_id: int, slot: datetime) -> Record | None:
+    return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot)
+
+
 async def run_unfinished_counts(db: DB, schedule_ids: Sequence[int]) -> list[Record]:
     return await db.fetch(_Q["run_unfinished_counts"], schedule_ids)
 
@@ -304,11 +308,6 @@ async def stats_queue_depth(db: DB, now: datetime | None) -> Record:
 
 async def stats_oldest_pending(db: DB, now: datetime | None) -> list[Record]:
     return await db.fetch(_Q["stats_oldest_pending"], now)
-
-
-async def stats_outbox_exists(db: DB) -> bool:
-    exists: bool = await db.fetchval(_Q["stats_outbox_exists"])
-    return exists
 
 
 async def stats_outbox_depth(db: DB) -> list[Record]:

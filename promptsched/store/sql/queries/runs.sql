@@ -80,17 +80,9 @@ WITH candidates AS (
 )
 SELECT c.*, s.name, s.owner, s.prompt, s.model, s.params, s.timezone, s.enabled,
        s.paused_until, extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
-       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag,
-       previous.finished_at AS previous_run_at, previous.output AS previous_output
+       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag
 FROM claimed c
-JOIN schedules s ON s.id = c.schedule_id
--- The previous successful run feeds the prompt template ({{ previous_output }}).
-LEFT JOIN LATERAL (
-    SELECT p.finished_at, p.output FROM runs p
-    WHERE p.schedule_id = c.schedule_id AND p.status = 'succeeded' AND p.slot < c.slot
-    ORDER BY p.slot DESC
-    LIMIT 1
-) previous ON true;
+JOIN schedules s ON s.id = c.schedule_id;
 
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from
@@ -170,7 +162,7 @@ SELECT count(*)::int FROM released;
 -- backstop for the worker's own timeout) go back to pending, or to dead when their attempts
 -- are used up. The lost attempt is recorded as such.
 WITH expired AS (
-    SELECT id, attempt_id,
+    SELECT id, attempt_id, worker_id,
            lease_expires_at < coalesce($1::timestamptz, now()) AS lease_lost
     FROM runs
     WHERE status = 'running'
@@ -191,7 +183,8 @@ WITH expired AS (
         attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL
     FROM expired e
     WHERE r.id = e.id
-    RETURNING r.id, r.schedule_id, r.status, e.attempt_id, e.lease_lost
+    RETURNING r.id, r.schedule_id, r.status, r.provider, e.attempt_id, e.worker_id,
+              e.lease_lost
 ), lost AS (
     UPDATE run_attempts a
     SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
@@ -215,7 +208,8 @@ WITH expired AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
     SELECT pg_notify('promptsched_outbox', 'reap') FROM (SELECT 1 FROM owed LIMIT 1) o
 )
-SELECT id, schedule_id, status, lease_lost, (SELECT count(*) FROM woke)::int AS woken
+SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
+       (SELECT count(*) FROM woke)::int AS woken
 FROM reaped;
 
 -- name: run_seconds_until_available
@@ -273,3 +267,10 @@ WHERE s.id = $1
                   AND c.origin IN ('cadence', 'backfill'))
 ON CONFLICT (schedule_id, slot) WHERE origin = 'backfill' DO NOTHING
 RETURNING id, slot;
+
+-- name: run_previous_success
+-- The latest successful run before a slot, for the {{ previous_* }} template variables.
+SELECT finished_at, output FROM runs
+WHERE schedule_id = $1 AND slot < $2 AND status = 'succeeded'
+ORDER BY slot DESC
+LIMIT 1;

@@ -1,0 +1,92 @@
+"""W1 claim throughput: N no-op runs pending, drained by a service with 16 and 64 worker slots,
+against a bare ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT k)`` loop from
+16 connections on the same table. Measured with fresh and with stale statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.common import Process, fresh_database, wait_for
+from promptsched.store.embedded import EmbeddedPostgres
+
+_BARE = """
+UPDATE runs SET status = 'succeeded', finished_at = now(), attempts = attempts + 1
+WHERE id IN (SELECT id FROM runs WHERE status = 'pending' AND provider = 'echo'
+             AND available_at <= now() ORDER BY available_at, id LIMIT $1
+             FOR UPDATE SKIP LOCKED)
+RETURNING id"""
+
+
+async def _fill(conn: asyncpg.Connection[Any], size: int, analyze: bool) -> None:
+    await conn.execute("TRUNCATE runs, run_attempts")
+    await conn.execute(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT (SELECT min(id) FROM schedules), now() - g * interval '1 millisecond', "
+        "'manual', 'echo', 3, now() - interval '1 hour' FROM generate_series(1, $1) g", size)
+    if analyze:
+        await conn.execute("ANALYZE runs")
+
+
+async def _baseline(dsn: str, conn: asyncpg.Connection[Any], size: int, analyze: bool) -> float:
+    await _fill(conn, size, analyze)
+    conns = [await asyncpg.connect(dsn) for _ in range(16)]
+
+    async def loop(c: asyncpg.Connection[Any]) -> None:
+        while await c.fetch(_BARE, 10):
+            pass
+
+    start = time.perf_counter()
+    await asyncio.gather(*(loop(c) for c in conns))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        await c.close()
+    return size / elapsed
+
+
+async def _service(dsn: str, conn: asyncpg.Connection[Any], size: int, workers: int,
+                   analyze: bool, log: Path) -> float:
+    await _fill(conn, 0, analyze)
+    process = Process(dsn, log, {"PROMPTSCHED_WORKERS": str(workers)})
+    try:
+        await asyncio.sleep(2)  # service start-up is not measured
+        await _fill(conn, size, analyze)
+        await conn.execute("SELECT pg_notify('promptsched_runs', 'bench')")
+
+        async def drained() -> bool:
+            return not await conn.fetchval(
+                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")
+
+        await wait_for(drained, 900, interval=0.1)
+        span = await conn.fetchval(
+            "SELECT extract(epoch FROM max(r.finished_at) - min(a.started_at)) "
+            "FROM runs r JOIN run_attempts a ON a.run_id = r.id")
+    finally:
+        process.stop()
+    return size / float(span)
+
+
+async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
+    size = int(os.environ.get("BENCH_W1_RUNS", "5000"))
+    dsn = await fresh_database(embedded)
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("INSERT INTO schedules (name, kind, expression, prompt) "
+                       "VALUES ('w1', 'cron', '0 9 * * 1', 'p')")
+    results: dict[str, Any] = {"runs": size}
+    try:
+        for analyze, label in ((True, "analyzed"), (False, "stale")):
+            bare = await _baseline(dsn, conn, size, analyze)
+            results[f"bare_runs_per_s_{label}"] = bare
+            for workers in (16, 64):
+                rate = await _service(dsn, conn, size, workers, analyze,
+                                      workdir / f"w1-{workers}-{label}.log")
+                results[f"service_{workers}_runs_per_s_{label}"] = rate
+                results[f"service_{workers}_vs_bare_{label}"] = rate / bare
+    finally:
+        await conn.close()
+    return results
