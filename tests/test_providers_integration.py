@@ -5,8 +5,9 @@ process that must never show the API key."""
 
 from __future__ import annotations
 
+import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 
 from promptsched import service
+from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
@@ -85,7 +87,7 @@ async def fake_run(pool: asyncpg.Pool[Any], **fields: Any) -> int:
 
 
 async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+    row: asyncpg.Record | None = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
     assert row is not None
     return row
 
@@ -289,19 +291,21 @@ async def test_a_rush_waits_as_pending_rows_within_the_provider_limit(
     sid = await fake_schedule(pool)
     await pool.execute(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
-        "SELECT s.id, $2 - make_interval(secs => g), 'cadence', s.provider, s.max_attempts, "
-        "$2 - make_interval(secs => g) FROM schedules s, generate_series(1, $3) g "
+        "SELECT s.id, $2::timestamptz - make_interval(secs => g), 'cadence', s.provider, "
+        "s.max_attempts, $2::timestamptz - make_interval(secs => g) "
+        "FROM schedules s, generate_series(1, $3) g "
         "WHERE s.id = $1",
         sid, EPOCH, RUSH,
     )  # fmt: skip
     samples: list[tuple[int, int]] = []
 
+    def more_than(count: int) -> Callable[[fake_server.FakeOpenAI], bool]:
+        return lambda server: len(server.requests) > count
+
     async def observe() -> None:
         # One snapshot of the queue each time a request reaches the provider.
-        seen = 0
         while True:
-            await fake.wait_until(lambda server: len(server.requests) > seen)
-            seen = len(fake.requests)
+            await fake.wait_until(more_than(len(samples)))
             row = await pool.fetchrow(
                 "SELECT count(*) FILTER (WHERE status = 'running')::int AS running, "
                 "count(*) FILTER (WHERE status = 'pending')::int AS pending FROM runs"
@@ -378,7 +382,12 @@ def _raw(provider: str, params: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("params", "field", "message"),
     [
-        ({"temperature": "warm"}, "params.temperature", "must be a number (got 'warm')"),
+        pytest.param(
+            {"temperature": "warm"},
+            "params.temperature",
+            "must be a number (got 'warm')",
+            id="temperature-not-a-number",
+        ),
         ({"max_tokens": 1.5}, "params.max_tokens", "must be a whole number"),
         ({"tempreature": 1}, "params.tempreature", "unknown parameter"),
         ({"system": 42}, "params.system", "must be a string"),
@@ -420,7 +429,9 @@ async def test_an_update_with_bad_openai_params_is_rejected_and_changes_nothing(
                 owner="o", actor="o", providers=KINDS, provider_kinds=KINDS,
             )  # fmt: skip
     assert caught.value.field == "params.temperature"
-    stored = await pool.fetchrow("SELECT params, version FROM schedules WHERE id = $1", created["id"])
+    stored = await pool.fetchrow(
+        "SELECT params, version FROM schedules WHERE id = $1", created["id"]
+    )
     assert stored is not None
     assert (stored["params"], stored["version"]) == ({"temperature": 1}, created["version"])
 
@@ -446,29 +457,33 @@ async def _table_dump(pool: asyncpg.Pool[Any]) -> dict[str, list[str]]:
     }
 
 
-async def _api_responses(port: int, run_id: int, schedule_id: int) -> dict[str, str]:
-    """Status line, headers and body of every API route that exists (a 404 means absent)."""
-    probes = [
-        *API_PATHS,
-        "/v1/schedules",
-        f"/v1/schedules/{schedule_id}",
-        "/v1/runs",
-        f"/v1/runs/{run_id}",
-        f"/v1/runs/{run_id}/attempts",
-    ]
-    answers = {}
-    async with aiohttp.ClientSession() as session:
-        for path in probes:
-            async with session.get(f"http://127.0.0.1:{port}{path}") as response:
-                if response.status == 404 and path.startswith("/v1"):
-                    continue
-                answers[path] = f"{response.status} {dict(response.headers)} {await response.text()}"
+async def _api_responses(base: str, token: str, ids: dict[str, int]) -> dict[str, str]:
+    """Status, headers and body of /healthz, /readyz, /metrics and every GET route the OpenAPI
+    document lists (if the API has one), path ids filled from ``ids`` (``run``/``schedule``)."""
+    answers: dict[str, str] = {}
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(base, headers=headers) as session:
+        paths = list(API_PATHS)
+        async with session.get("/v1/openapi.json") as response:
+            if response.status == 200:
+                document = await response.json()
+                paths += [path for path, ops in document["paths"].items() if "get" in ops]
+        for path in paths:
+            ident = ids["run" if path.startswith("/v1/runs/") else "schedule"]
+            async with session.get(re.sub(r"\{[^}]+\}", str(ident), path)) as response:
+                text = await response.text()
+                answers[path] = f"{response.status} {dict(response.headers)} {text}"
     return answers
 
 
-async def _finished(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record | None:
-    run = await _run(pool, run_id)
-    return run if run["status"] in ("succeeded", "dead") else None
+async def _wait_finished(pool: asyncpg.Pool[Any], run_id: int, what: str) -> asyncpg.Record:
+    async def finished() -> asyncpg.Record | None:
+        run = await _run(pool, run_id)
+        return run if run["status"] in ("succeeded", "dead") else None
+
+    run: asyncpg.Record | None = await wait_until(finished, timeout=15, what=what)
+    assert run is not None
+    return run
 
 
 @pytest.mark.slow
@@ -498,10 +513,10 @@ async def test_the_api_key_appears_in_no_log_row_or_response(
             now: datetime = await pool.fetchval("SELECT now()")
             rid = await factories.pending_run(pool, sid, now, "manual")
             await queries.run_notify_ready(pool, "test")
-            finished[label] = await wait_until(
-                lambda rid=rid: _finished(pool, rid), timeout=15, what=f"the {label} run"
-            )
-        responses = await _api_responses(port, finished["ok"]["id"], sid)
+            finished[label] = await _wait_finished(pool, rid, f"the {label} run")
+        token, _ = await auth.create_token(pool, owner="default", admin=True)
+        ids = {"run": finished["401"]["id"], "schedule": sid}
+        responses = await _api_responses(f"http://127.0.0.1:{port}", token, ids)
     finally:
         process.stop()
 
@@ -518,6 +533,9 @@ async def test_the_api_key_appears_in_no_log_row_or_response(
     dump = await _table_dump(pool)
     assert {"public.runs", "public.run_attempts", "public.schedules"} <= set(dump)
     assert set(responses) >= set(API_PATHS)
+    if "/v1/runs/{id}" in responses:  # the API shows the run, and its error, masked
+        assert responses["/v1/runs/{id}"].startswith("200 ")
+        assert "Incorrect API key provided: Bearer ********" in responses["/v1/runs/{id}"]
     for needle in (key, secret_part):
         assert needle not in log_text
         assert [name for name, rows in dump.items() if any(needle in row for row in rows)] == []

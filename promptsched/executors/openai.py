@@ -22,7 +22,10 @@ SYSTEM_PARAM = "system"
 def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError("must be a number")
-    return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("must be a number") from None
 
 
 def _whole(value: Any) -> int:

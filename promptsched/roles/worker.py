@@ -192,9 +192,13 @@ class WorkerPool:
         """The prompt and params of this attempt, templates filled in from the run context."""
         params = dict(row["params"] or {})
         system = params.get("system")
-        texts = [row["prompt"], system if isinstance(system, str) else ""]
+        texts = {
+            "prompt": row["prompt"],
+            "params.system": system if isinstance(system, str) else "",
+        }
+        used = {v for field, t in texts.items() for v in template.variables_used(t, field=field)}
         previous = None
-        if any(v.startswith("previous_") for t in texts for v in template.variables_used(t)):
+        if any(v.startswith("previous_") for v in used):
             previous = await queries.run_previous_success(
                 self.pool, row["schedule_id"], row["slot"]
             )
