@@ -133,7 +133,7 @@ class Metrics:
         )
         self.outbox_depth = Gauge(
             "outbox_depth",
-            "Undelivered notifications by status",
+            "Undelivered notifications by status (pending, sending, dead)",
             ["status"],
             namespace=ns,
             registry=registry,
@@ -146,8 +146,8 @@ class Metrics:
         )
         self.deliveries = Counter(
             "deliveries",
-            "Notification delivery attempts by channel and outcome (sent, retry, dead, lost, "
-            "fenced)",
+            "Notification delivery attempts by channel and outcome (delivered, retry, dead, "
+            "lost, fenced, released)",
             ["channel", "outcome"],
             namespace=ns,
             registry=registry,

@@ -32,8 +32,7 @@ _NUMERIC_HOST = re.compile(r"^(?:0x[0-9a-f]+|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]*))
 class AddressRefused(PromptschedError):
     """A host or address promptsched will not connect to."""
 
-    def __init__(self, host: str, address: str, reason: str) -> None:
-        via = f" ({host} resolves to it)" if host and host != address else ""
+    def __init__(self, host: str, address: str, reason: str, via: str = "") -> None:
         super().__init__(f"{reason} address {address} refused{via}")
         self.host = host
         self.address = address
@@ -89,9 +88,18 @@ def parse_literal(host: str) -> IPAddress | None:
 
 
 def check_address(address: IPAddress, *, allow_private: bool, host: str = "") -> None:
+    """Raise ``AddressRefused`` naming the refused address (the embedded IPv4 one, if that
+    is what is refused) and, when ``host`` is a name, that it resolves there."""
     reason = refusal(address, allow_private=allow_private)
-    if reason is not None:
-        raise AddressRefused(host, str(address), reason)
+    if reason is None:
+        return
+    shown, via = address, ""
+    embedded = _embedded_v4(address)
+    if embedded is not None and refusal(embedded, allow_private=allow_private) == reason:
+        shown, via = embedded, f" (embedded in {address})"
+    if host and parse_literal(host) is None:
+        via += f" ({host} resolves to it)"
+    raise AddressRefused(host, str(shown), reason, via)
 
 
 def check_host(host: str, *, allow_private: bool) -> None:

@@ -102,7 +102,8 @@ def _webhook(value: object, *, allow_private: bool, current: object) -> dict[str
         value = {"url": value}
     if not isinstance(value, Mapping):
         raise ValidationError("notify.webhook", "must be an object {url, secret?} or a URL")
-    unknown = sorted(set(value) - {"url", "secret"})
+    # secret_set is what ``public`` shows: a client may send a schedule it read back unchanged.
+    unknown = sorted(set(value) - {"url", "secret", "secret_set"})
     if unknown:
         raise ValidationError(f"notify.webhook.{unknown[0]}", "unknown key (known: url, secret)")
     url = validate_url(value.get("url"), allow_private=allow_private)

@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from promptsched import notify_targets
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
@@ -22,7 +23,7 @@ EDITABLE = frozenset({
     "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
     "misfire_grace", "catchup_window", "overlap", "max_attempts", "timeout", "jitter",
     "dst_gap", "dst_fold", "pause_after_failures", "cron", "rrule", "at", "every", "kind",
-    "expression",
+    "expression", "notify",
 })  # fmt: skip
 MAX_NAME = 200
 MAX_PROMPT = 100_000
@@ -52,6 +53,7 @@ class ScheduleInput:
     dst_fold: str = "first"
     enabled: bool = True
     pause_after_failures: int | None = None
+    notify: Mapping[str, Any] = field(default_factory=dict)
 
     def spec(self) -> spec.Spec:
         return spec.parse(
@@ -110,6 +112,8 @@ def _choice(raw: Mapping[str, Any], key: str, default: str, choices: Collection[
 def _kind_and_expression(raw: Mapping[str, Any]) -> tuple[str, str]:
     given = [kind for kind in KINDS if raw.get(kind) is not None]
     if raw.get("kind") is not None or raw.get("expression") is not None:
+        if given:  # never silently drop one of two expressions
+            raise ValidationError(given[0], "give either kind + expression or this, not both")
         kind = _choice(raw, "kind", "cron", KINDS)
         expression = _text(raw, "expression", limit=2000)
         assert expression is not None
@@ -126,6 +130,8 @@ def validate(
     *,
     providers: Collection[str],
     provider_kinds: Mapping[str, str] | None = None,
+    allow_private_webhooks: bool = False,
+    current_notify: Mapping[str, Any] | None = None,
 ) -> ScheduleInput:
     """Turn user input into a checked ScheduleInput, or raise naming the first bad field.
 
@@ -168,6 +174,9 @@ def validate(
             if raw.get("pause_after_failures") is None
             else _int(raw, "pause_after_failures", 1, 1, 1000)
         ),
+        notify=notify_targets.validate_targets(
+            raw.get("notify"), allow_private=allow_private_webhooks, current=current_notify
+        ),
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
@@ -207,8 +216,12 @@ async def create_schedule(
     now = await db_now(db, clock)
     first = spec.check_fires(values.spec(), now)  # an expression that never fires is an error
     row = await queries.schedule_insert(
-        db, [owner, *_columns(values), values.enabled, first, values.pause_after_failures]
-    )
+        db,
+        [
+            owner, *_columns(values), values.enabled, first, values.pause_after_failures,
+            dict(values.notify),
+        ],
+    )  # fmt: skip
     await queries.schedule_change_insert(
         db, row["id"], owner, actor or owner, "create", {"fields": schedule_json(row)}
     )
@@ -222,6 +235,7 @@ def input_from_row(row: asyncpg.Record) -> dict[str, Any]:
     keep = {f for f in ScheduleInput.__dataclass_fields__} - {"misfire_grace"}
     raw = {key: data[key] for key in keep if key in data and data[key] is not None}
     raw["misfire_grace"] = data["misfire_grace"]
+    raw["notify"] = dict(row["notify"] or {})  # the stored targets, secret included
     return raw
 
 
@@ -248,6 +262,7 @@ async def update_schedule(
     actor: str,
     providers: Collection[str],
     provider_kinds: Mapping[str, str] | None = None,
+    allow_private_webhooks: bool = False,
     expected_version: int | None = None,
 ) -> asyncpg.Record:
     """Apply a partial update. A new expression or zone takes effect from the next slot: slots
@@ -266,7 +281,13 @@ async def update_schedule(
             merged.pop("kind", None)
             merged.pop("expression", None)
         merged.update(patch)
-        values = validate(merged, providers=providers, provider_kinds=provider_kinds)
+        values = validate(
+            merged,
+            providers=providers,
+            provider_kinds=provider_kinds,
+            allow_private_webhooks=allow_private_webhooks,
+            current_notify=row["notify"],
+        )
         cursor = row["next_fire_at"]
         timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
         if any(getattr(values, f) != row[f] for f in timing):
@@ -275,7 +296,7 @@ async def update_schedule(
             cursor = spec.check_fires(values.spec(), after - timedelta(microseconds=1))
         updated = await queries.schedule_update(
             conn, schedule_id, row["version"],
-            [*_columns(values), cursor, values.pause_after_failures],
+            [*_columns(values), cursor, values.pause_after_failures, dict(values.notify)],
         )  # fmt: skip
         assert updated is not None  # the row is locked: its version cannot move
         before, after_json = schedule_json(row), schedule_json(updated)
@@ -409,10 +430,14 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def schedule_json(row: asyncpg.Record) -> dict[str, Any]:
+def schedule_json(row: asyncpg.Record, *, reveal_secret: bool = False) -> dict[str, Any]:
+    """A schedule for API responses and the change history. The webhook secret is never in
+    it, except once, when it was just created or changed (``reveal_secret``)."""
     data = {key: _json_value(row[key]) for key in row.keys()}
     data["misfire"] = data.pop("misfire_policy", None)
     data["overlap"] = data.pop("overlap_policy", None)
+    if "notify" in data:
+        data["notify"] = notify_targets.public(row["notify"] or {}, reveal_secret=reveal_secret)
     return data
 
 

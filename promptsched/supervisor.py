@@ -129,7 +129,9 @@ class Supervisor:
             # Every replica serving /metrics competes for the stats lock; only the holder reads
             # the queue gauges from the database (roles/stats.py).
             await tg.start(Stats(self.dsn, self.clock, self.metrics).run)
-            app = api_app.build(pool, self.metrics, lambda: self.ready)
+            app = api_app.build(
+                pool, self.metrics, lambda: self.ready, clock=self.clock, providers=registry.names()
+            )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)
 

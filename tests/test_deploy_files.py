@@ -31,6 +31,7 @@ MANIFESTS = sorted(K8S.rglob("*.yaml"), key=lambda p: str(p))
 CRDS = {"ServiceMonitor", "PrometheusRule"}
 # What the supervisor may still write after the drain grace: shielded final writes.
 FINAL_WRITES = timedelta(seconds=10)
+SEVERITIES = ("info", "warning", "critical")
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -101,13 +102,14 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 
 def _known_variable(name: str) -> bool:
     known = {configuration.env_name(setting) for setting in configuration.SETTINGS}
-    return name in known or name in ("PROMPTSCHED_CONFIG", "PROMPTSCHED_PROVIDERS") or (
-        name.startswith("PROMPTSCHED_PROVIDER_")
-    )
+    extra = ("PROMPTSCHED_CONFIG", "PROMPTSCHED_PROVIDERS")
+    return name in known or name in extra or name.startswith("PROMPTSCHED_PROVIDER_")
 
 
 def _check_config(env: dict[str, str]) -> configuration.Config:
-    unknown = [name for name in env if name.startswith("PROMPTSCHED_") and not _known_variable(name)]
+    unknown = [
+        name for name in env if name.startswith("PROMPTSCHED_") and not _known_variable(name)
+    ]
     assert unknown == [], "variables promptsched does not read"
     return configuration.load(env=env)  # raises ConfigError naming a bad field
 
@@ -144,7 +146,8 @@ def test_service_pdb_monitor_and_hpa_point_at_the_deployment() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"], "drains would block"
     monitor = _manifest("ServiceMonitor")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    assert wanted.items() <= service["metadata"]["labels"].items()
     service_ports = {port["name"] for port in service["spec"]["ports"]}
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in service_ports and endpoint["path"] == "/metrics"
@@ -165,7 +168,7 @@ def test_alert_rules_are_complete() -> None:
     names = [rule["alert"] for rule in rules]
     assert len(names) == len(set(names))
     for rule in rules:
-        assert rule["expr"].strip() and rule["labels"]["severity"] in ("info", "warning", "critical")
+        assert rule["expr"].strip() and rule["labels"]["severity"] in SEVERITIES
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
         if "for" in rule:
             parse_duration(rule["for"], field=rule["alert"])
@@ -263,8 +266,11 @@ def test_the_dashboard_is_importable_with_a_datasource_variable() -> None:
     for panel in dashboard["panels"]:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
-        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                for y in range(grid["y"], grid["y"] + grid["h"])}
+        area = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not area & cells, f"{panel['title']} overlaps another panel"
         cells |= area
         if panel["type"] == "row":
@@ -289,6 +295,16 @@ def _instructions() -> list[tuple[str, str]]:
     return found
 
 
+def _copied(steps: list[tuple[str, str]]) -> set[str]:
+    """Sources the Dockerfile copies from the build context."""
+    return {
+        source
+        for keyword, rest in steps
+        if keyword == "COPY" and "--from" not in rest
+        for source in rest.split()[:-1]
+    }
+
+
 def _pip_targets(command: str) -> list[list[str]]:
     """The arguments after ``pip install`` in each install command of a shell line."""
     targets = []
@@ -306,10 +322,7 @@ def _pip_targets(command: str) -> list[list[str]]:
 def test_the_dockerfile_pip_installs_this_repo_into_a_slim_non_root_image() -> None:
     steps = _instructions()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    copied = {
-        source for keyword, rest in steps if keyword == "COPY" and "--from" not in rest
-        for source in rest.split()[:-1]
-    }
+    copied = _copied(steps)
     assert {"pyproject.toml", pyproject["project"]["readme"], "promptsched"} <= copied
     installs = [t for keyword, rest in steps if keyword == "RUN" for t in _pip_targets(rest)]
     assert installs == [["."]], installs
@@ -337,8 +350,5 @@ def test_the_readme_installs_the_same_package_as_the_dockerfile() -> None:
 def test_the_docker_build_context_keeps_what_the_dockerfile_copies() -> None:
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     kept = {line[1:].split("/")[0] for line in ignore if line.startswith("!")}
-    copied = {
-        source for keyword, rest in _instructions() if keyword == "COPY" and "--from" not in rest
-        for source in rest.split()[:-1]
-    }
+    copied = _copied(_instructions())
     assert copied <= kept

@@ -145,11 +145,21 @@ def test_unknown_keys_and_wrong_types_name_their_field(raw: Any, field: str) -> 
     assert _error(raw).field == field
 
 
+def test_a_public_view_sent_back_unchanged_keeps_the_stored_secret() -> None:
+    stored = notify_targets.validate_targets(
+        {"email": "a@b.co", "webhook": "https://e.com"}, allow_private=False
+    )
+    again = notify_targets.validate_targets(
+        notify_targets.public(stored), allow_private=False, current=stored
+    )
+    assert again == stored
+
+
 def test_the_public_view_shows_the_secret_only_when_asked() -> None:
     stored = notify_targets.validate_targets({"webhook": "https://e.com"}, allow_private=False)
     shown = notify_targets.public(stored)
     assert shown["webhook"] == {"url": "https://e.com", "secret_set": True}
-    assert "secret" not in str(shown)
+    assert stored["webhook"]["secret"] not in str(shown)
     once = notify_targets.public(stored, reveal_secret=True)
     assert once["webhook"]["secret"] == stored["webhook"]["secret"]
     assert notify_targets.public({}) == {}

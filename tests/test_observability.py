@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
 from promptsched.roles.stats import Stats
-from promptsched.store import sqlfiles
+from promptsched.store import queries, sqlfiles
 from tests import factories
 from tests.factories import EPOCH
 from tests.helpers import Service, wait_until
@@ -118,26 +118,27 @@ async def test_a_killed_leader_session_frees_the_lock(dsn: str, pool: asyncpg.Po
         await second.close()
 
 
-async def test_outbox_depth_waits_for_the_outbox_table(dsn: str, pool: asyncpg.Pool[Any]) -> None:
+async def test_outbox_depth_counts_undelivered_notifications(
+    dsn: str, pool: asyncpg.Pool[Any]
+) -> None:
+    sid = await factories.schedule(pool)
+    rid = await factories.pending_run(pool, sid)
+    statuses = ["pending", "pending", "dead", "sent", "sent", "sent"]
+    await pool.execute(
+        "INSERT INTO outbox (run_id, schedule_id, channel, target, event, status, "
+        "idempotency_key) SELECT $1, $2, 'webhook', '{}'::jsonb, 'succeeded', s, 'k' || n "
+        "FROM unnest($3::text[]) WITH ORDINALITY AS t(s, n)",
+        rid,
+        sid,
+        statuses,
+    )
     stats = Stats(dsn, FrozenClock(EPOCH), Metrics())
     try:
-        has_outbox = await pool.fetchval("SELECT to_regclass('outbox') IS NOT NULL")
-        if has_outbox:
-            assert await stats.run_once() is True
-            assert not stats._outbox_unreadable, "stats_outbox_depth does not fit the outbox"
-            assert _value(stats.metrics, "promptsched_outbox_depth", status="pending") == 0
-            return
-        assert await stats.run_once() is True
-        assert _series(stats.metrics, "promptsched_outbox_depth") == []
-        await pool.execute("CREATE TABLE outbox (id bigserial PRIMARY KEY, status text NOT NULL)")
-        await pool.execute(
-            "INSERT INTO outbox (status) SELECT unnest($1::text[])",
-            ["pending", "pending", "dead", "delivered", "delivered"],
-        )
         assert await stats.run_once() is True
         assert _value(stats.metrics, "promptsched_outbox_depth", status="pending") == 2
+        assert _value(stats.metrics, "promptsched_outbox_depth", status="sending") == 0
         assert _value(stats.metrics, "promptsched_outbox_depth", status="dead") == 1
-        assert _value(stats.metrics, "promptsched_outbox_depth", status="delivered") is None
+        assert _value(stats.metrics, "promptsched_outbox_depth", status="sent") is None
     finally:
         await stats.close()
 
@@ -271,7 +272,7 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(source: str) -> No
 
 def test_the_extractor_sees_names_and_not_functions_or_labels() -> None:
     expr = (
-        'histogram_quantile(0.99, sum by (le, provider) (rate(promptsched_run_duration_seconds'
+        "histogram_quantile(0.99, sum by (le, provider) (rate(promptsched_run_duration_seconds"
         '_bucket{instance=~"$instance"}[$__rate_interval]))) > on(provider) group_left '
         "promptsched_retries_total or vector(0) and up == 1"
     )
@@ -309,6 +310,18 @@ def test_the_dashboard_covers_every_promise() -> None:
         "promptsched_scheduler_last_tick_timestamp_seconds",
     }
     assert wanted - used == set()
+
+
+def test_the_metrics_reference_documents_every_metric() -> None:
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    suffix = {"counter": "_total", "histogram": "", "gauge": ""}
+    missing = [
+        collector._name + suffix[collector._type]
+        for collector in vars(Metrics()).values()
+        if isinstance(collector, MetricWrapperBase)
+        and f"`{collector._name + suffix[collector._type]}`" not in doc
+    ]
+    assert missing == [], "add them to docs/observability.md"
 
 
 def test_the_hpa_scales_on_an_exported_gauge() -> None:
@@ -365,7 +378,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
 ) -> None:
     # One scheduler+reaper process, and worker processes: the first is killed mid-run.
     control = Service(dsn, tmp_path / "control.log", env=_roles("scheduler,reaper,api"))
-    victim = Service(dsn, tmp_path / "victim.log", env=_roles("worker,api"))
+    victim: Service | None = None
     worker: Service | None = None
     try:
         await control.ready()
@@ -374,6 +387,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
             return _get(await _scrape(control), "promptsched_stats_leader") == 1
 
         await wait_until(control_is_stats_leader, timeout=15, what="the stats leader")
+        victim = Service(dsn, tmp_path / "victim.log", env=_roles("worker,api"))
         await victim.ready()
         control_before = await _scrape(control)
 
@@ -382,7 +396,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
 
         async def held_by_victim() -> bool:
             holder = await pool.fetchval("SELECT worker_id FROM runs WHERE id = $1", crashed)
-            return str(holder).endswith(f":{victim.pid}")
+            return victim is not None and str(holder).endswith(f":{victim.pid}")
 
         await wait_until(held_by_victim, timeout=10, what="the victim to claim")
         victim.signal(signal.SIGKILL)
@@ -416,6 +430,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
             overlap="skip",
             next_fire_at=start,
         )
+        await queries.schedule_notify_changed(pool, ticking)  # as the API does: wake up now
 
         async def skipped_twice() -> bool:
             where = "schedule_id = $1 AND skip_reason = 'overlap'"
@@ -431,10 +446,9 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
         control_after = await _scrape(control)
         worker_after = await _scrape(worker)
     finally:
-        control.stop()
-        victim.stop()
-        if worker is not None:
-            worker.stop()
+        for service in (control, victim, worker):
+            if service is not None:
+                service.stop()
 
     statuses = {
         rid: await pool.fetchval("SELECT status FROM runs WHERE id = $1", rid)
@@ -461,7 +475,9 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
     assert worker_delta("promptsched_dead_letters_total", provider="echo") == 1
     assert worker_delta("promptsched_runs_finished_total", status="dead") == 1
     assert worker_delta("promptsched_runs_finished_total", status="succeeded") == succeeded
-    failed = worker_delta("promptsched_run_duration_seconds_count", provider="echo", outcome="failed")
+    failed = worker_delta(
+        "promptsched_run_duration_seconds_count", provider="echo", outcome="failed"
+    )
     assert failed == 2
     # The leader's gauges came back to an empty queue; the workers export none of them.
     assert _get(worker_after, "promptsched_stats_leader") == 0

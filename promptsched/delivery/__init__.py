@@ -22,7 +22,7 @@ class Notification:
     id: int
     idempotency_key: str
     channel: str
-    event: str  # succeeded | dead
+    event: str  # succeeded | dead | paused (the schedule, after consecutive dead runs)
     target: Any  # email: a list of addresses; webhook: {"url": ...}
     schedule_id: int
     schedule_name: str
@@ -42,8 +42,8 @@ class Notification:
 
     @property
     def event_type(self) -> str:
-        """``run.succeeded`` or ``run.dead``."""
-        return f"run.{self.event}"
+        """``run.succeeded``, ``run.dead`` or ``schedule.paused``."""
+        return "schedule.paused" if self.event == "paused" else f"run.{self.event}"
 
     def local_slot(self) -> datetime:
         """The slot in the schedule's time zone (UTC if the zone is unknown here)."""

@@ -54,7 +54,9 @@ def _one_line(text: str) -> str:
 
 def subject(notification: Notification) -> str:
     name = _one_line(notification.schedule_name)[:150]
-    outcome = "succeeded" if notification.succeeded else "FAILED"
+    outcome = {"succeeded": "succeeded", "paused": "PAUSED after repeated failures"}.get(
+        notification.event, "FAILED"
+    )
     return f"[promptsched] {name} {outcome} ({notification.slot_text()})"
 
 
@@ -70,6 +72,13 @@ def body(notification: Notification) -> str:
     ]
     if n.succeeded:
         lines += ["Output:", "", clip(n.output or "")]
+    elif n.event == "paused":
+        lines += [
+            "The schedule kept failing and has been paused; it will not run again until",
+            "it is resumed. The last run's error:",
+            "",
+            clip(n.error or "(none recorded)"),
+        ]
     else:
         lines += ["The run did not work and will not be retried. Last error:", ""]
         lines += [clip(n.error or "(no error recorded)")]

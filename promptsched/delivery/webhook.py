@@ -31,7 +31,7 @@ def payload(notification: Notification) -> dict[str, Any]:
         "schedule": {"id": n.schedule_id, "name": n.schedule_name, "timezone": n.timezone},
         "run": {
             "id": n.run_id,
-            "status": n.event,
+            "status": "dead" if n.event == "paused" else n.event,
             "slot": n.slot.astimezone(UTC).isoformat(),
             "slot_local": n.local_slot().isoformat(),
             "origin": n.origin,

@@ -226,7 +226,9 @@ class Notifier:
             name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
         elif not attempted:
             name = "released"
-        self.metrics.deliveries.labels(channel, name).inc()
+        # "delivered" is the outcome label the alert rules (deploy/alerts.yml) count as success.
+        label = "delivered" if name == "sent" else name
+        self.metrics.deliveries.labels(channel, label).inc()
         if name == "sent":
             self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row["id"]]))
         fields = {
@@ -234,7 +236,7 @@ class Notifier:
             "run_id": row["run_id"],
             "schedule_id": row["schedule_id"],
             "channel": channel,
-            "event": row["event"],
+            "run_status": row["event"],
             "attempt": row["attempts"],
             "idempotency_key": row["idempotency_key"],
         }

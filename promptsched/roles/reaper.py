@@ -55,7 +55,9 @@ class Reaper:
                 if outcome == "dead":
                     self.metrics.runs_finished.labels("dead").inc()
                     self.metrics.dead_letters.labels(row["provider"]).inc()
-                    await autopause.check(self.pool, row["schedule_id"])
+                    await autopause.check(
+                        self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
+                    )
                 log.warning(
                     "run.reaped",
                     run_id=row["id"],

@@ -25,6 +25,7 @@ LOCK_KEY = 0x70_73_73_74_61_74_73
 
 QUEUE_STATUSES = ("pending", "scheduled", "running")
 STUCK_REASONS = ("lease_expired", "deadline_passed")
+OUTBOX_STATUSES = ("pending", "sending", "dead")
 
 
 class Stats:
@@ -53,7 +54,6 @@ class Stats:
         self.wakeup = Wakeup()
         self.leader = False
         self._conn: asyncpg.Connection[Any] | None = None
-        self._outbox_unreadable = False
         self._clear()
 
     async def run_once(self) -> bool:
@@ -104,25 +104,14 @@ class Stats:
         now = self.clock.sql_now()
         depth = await queries.stats_queue_depth(conn, now)
         oldest = await queries.stats_oldest_pending(conn, now)
-        outbox = await self._outbox(conn)
+        outbox = await queries.stats_outbox_depth(conn)
         self._publish(depth, oldest, outbox)
-
-    async def _outbox(self, conn: asyncpg.Connection[Any]) -> Sequence[asyncpg.Record] | None:
-        if self._outbox_unreadable or not await queries.stats_outbox_exists(conn):
-            return None
-        try:
-            return await queries.stats_outbox_depth(conn)
-        except (asyncpg.UndefinedColumnError, asyncpg.UndefinedTableError) as exc:
-            # An outbox whose shape this query does not know: say so once, keep the rest.
-            self._outbox_unreadable = True
-            log.warning("stats.outbox_unreadable", error=repr(exc))
-            return None
 
     def _publish(
         self,
         depth: asyncpg.Record,
         oldest: Sequence[asyncpg.Record],
-        outbox: Sequence[asyncpg.Record] | None,
+        outbox: Sequence[asyncpg.Record],
     ) -> None:
         # No await in here: a scrape sees the previous refresh or this one, never a mix.
         metrics = self.metrics
@@ -133,11 +122,9 @@ class Stats:
         metrics.oldest_pending_age.clear()
         for row in oldest:
             metrics.oldest_pending_age.labels(row["provider"]).set(max(0.0, row["age"]))
-        metrics.outbox_depth.clear()
-        if outbox is not None:
-            metrics.outbox_depth.labels("pending").set(0)
-            for row in outbox:
-                metrics.outbox_depth.labels(row["status"]).set(row["count"])
+        counted = {row["status"]: row["count"] for row in outbox}
+        for status in OUTBOX_STATUSES:
+            metrics.outbox_depth.labels(status).set(counted.get(status, 0))
         metrics.stats_leader.set(1)
 
     def _clear(self) -> None:

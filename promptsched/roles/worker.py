@@ -324,7 +324,9 @@ class WorkerPool:
                 if fields["status"] != "pending":
                     self.metrics.runs_finished.labels(fields["status"]).inc()
                 if fields["status"] == "dead":
-                    await autopause.check(self.pool, row["schedule_id"])
+                    await autopause.check(
+                        self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
+                    )
                 bound.info(
                     f"run.{fields['status']}",
                     attempt=row["attempts"],

@@ -1,17 +1,4 @@
-"""Fire times of a Spec: next, preview and counts, applying the contract's DST rules.
-
-Cron and RRULE are matched on the local wall clock and mapped to instants here:
-
-* hour field not `*` (RRULE: BYHOUR, or FREQ coarser than HOURLY): a local time in a DST gap
-  fires once at the first instant after the gap (`dst_gap="shift"`) or not at all (`"skip"`);
-  a repeated local time fires at its first occurrence (`dst_fold="first"`) or at both.
-* hour field `*` (RRULE: HOURLY or finer without BYHOUR): real time; every instant whose local
-  time matches fires (both passes of a fold, nothing for a gap). dst_gap/dst_fold are ignored.
-
-With "shift"/"first" the fire set is {F(t) : t matches} where F(t) is the first instant whose
-local time is >= t; F is monotone, so the next fire after `a` is F of the first match above
-the highest local time shown up to `a`. Second passes of folds are added separately.
-"""
+"""Fire times of a Spec (next, preview, counts), applying the contract's DST rules."""
 
 from __future__ import annotations
 
@@ -22,6 +9,19 @@ from itertools import islice
 from typing import Protocol
 
 from promptsched.schedule import cron, rrule, spec, zone
+
+# Cron and RRULE are matched on the local wall clock (cron.Cron, rrule.RRule) and mapped to
+# instants here:
+# * hour field not `*` (RRULE: BYHOUR, or FREQ coarser than HOURLY): a local time in a DST gap
+#   fires once at the first instant after the gap (dst_gap="shift") or not at all ("skip"); a
+#   repeated local time fires at its first occurrence (dst_fold="first") or at both ("both").
+# * hour field `*` (RRULE: HOURLY or finer without BYHOUR): real time. Every instant whose local
+#   time matches fires (both passes of a fold, nothing for a gap): the same as skip + both, so
+#   dst_gap/dst_fold do not apply.
+# With shift + first the fire set is {F(t) : t matches}, F(t) = the first instant whose local
+# time is >= t. F is monotone, so the next fire after `a` is F of the first match above the
+# highest local time shown up to `a` (zone.high_water). Second passes of folds come separately.
+# Every computation runs on UTC instants: in Python `local + timedelta` is wall-clock arithmetic.
 
 _US = timedelta(microseconds=1)
 _SECOND = timedelta(seconds=1)
@@ -53,9 +53,18 @@ def compiled(s: spec.Spec) -> Compiled:
 
 
 def next_after(s: spec.Spec, after: datetime) -> datetime | None:
-    """The first fire time strictly after `after` (aware, any zone) as aware UTC; None if none."""
+    """The first fire time strictly after `after` (aware, any zone) as aware UTC; None if none
+    (also when the next one would lie past the last instant a datetime can hold)."""
     if after.tzinfo is None:
         raise ValueError("`after` must be timezone-aware")
+    try:
+        # all arithmetic below is on UTC instants: `local + timedelta` is wall-clock arithmetic
+        return _next_after(s, after.astimezone(UTC))
+    except OverflowError:
+        return None
+
+
+def _next_after(s: spec.Spec, after: datetime) -> datetime | None:
     c = compiled(s)
     if isinstance(c, spec.At):
         return c.instant if c.instant > after else None
@@ -203,7 +212,7 @@ def last_between(s: spec.Spec, start: datetime, end: datetime, n: int) -> list[d
     """
     if n <= 0 or end < start:
         return []
-    lo = start
+    lo, end = start.astimezone(UTC), end.astimezone(UTC)
     if count_between(s, lo, end, limit=n)[0] >= n:
         hi = end
         while hi - lo > _SECOND:

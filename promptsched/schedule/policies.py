@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Literal, get_args
 
@@ -78,6 +78,7 @@ def plan_tick(s: spec.Spec, due_from: datetime, now: datetime, misfire: Misfire)
     most `cap` + 2 of them are listed, so a week of minutely downtime plans in milliseconds.
     """
     plan = _Planner(s, misfire)
+    due_from, now = due_from.astimezone(UTC), now.astimezone(UTC)  # no wall-clock arithmetic
     next_fire = fire_times.next_after(s, now)
     if due_from > now:
         return TickPlan((), next_fire)

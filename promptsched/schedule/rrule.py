@@ -50,6 +50,8 @@ class RRule:
     defaults: dict[str, Any]  # BY* values dateutil would derive from DTSTART, made explicit
     until_utc: datetime | None  # exact end for a UTC UNTIL (the naive one in `rule` is padded)
     hour_star: bool  # HOURLY or finer without BYHOUR: follows real time across DST
+    step: timedelta | None  # set when occurrences are just DTSTART + k * step (no BY* parts)
+    until_local: datetime | None  # naive local bound (UNTIL, or the last COUNTed occurrence)
     _windows: dict[int, tuple[tuple[datetime, ...], datetime | None]] = field(
         default_factory=dict, repr=False
     )
@@ -62,6 +64,10 @@ class RRule:
 
     def count_local(self, low: datetime, high: datetime, limit: int) -> int:
         """Occurrences in [low, high]; stops early once the count passes `limit`."""
+        if self.step is not None:  # an arithmetic progression: closed form
+            high = high if self.until_local is None else min(high, self.until_local)
+            first = 0 if low <= self.dtstart else -((self.dtstart - low) // self.step)
+            return max(0, (high - self.dtstart) // self.step - first + 1) if high >= low else 0
         total, index = 0, self._index(low)
         while total <= limit:
             occurrences, following = self._window(index)
@@ -77,7 +83,7 @@ class RRule:
     def _window(self, index: int) -> tuple[tuple[datetime, ...], datetime | None]:
         cached = self._windows.get(index)
         if cached is None:
-            if len(self._windows) > 256:
+            if len(self._windows) > 16:  # a MINUTELY window holds 1440 datetimes
                 self._windows.clear()
             cached = self._windows[index] = self._compute_window(index)
         return cached
@@ -128,7 +134,10 @@ def canonical(text: str, where: tzinfo) -> str:
     """The stored form: `DTSTART:...` and `RRULE:...` lines (DTSTART 1970-01-01 if missing)."""
     dtstart_line, body = _split(text)
     compile_rrule(text, where)
-    return f"{dtstart_line or 'DTSTART:19700101T000000'}\nRRULE:{body}"
+    match = _DTSTART.fullmatch(dtstart_line or "DTSTART:19700101T000000")
+    assert match is not None  # compile_rrule checked it
+    tzid = f";TZID={match['tzid']}" if match["tzid"] else ""
+    return f"DTSTART{tzid}:{match['value'].upper()}\nRRULE:{body}"
 
 
 def compile_rrule(text: str, where: tzinfo) -> RRule:
@@ -157,7 +166,17 @@ def compile_rrule(text: str, where: tzinfo) -> RRule:
         defaults=_defaults(parts, freq, dtstart),
         until_utc=until_utc,
         hour_star=freq >= du.HOURLY and "BYHOUR" not in parts,
+        step=_step(parts, freq),
+        until_local=until_local,
     )
+
+
+def _step(parts: dict[str, str], freq: int) -> timedelta | None:
+    """The fixed wall-clock step of a rule without BY* parts (WEEKLY..SECONDLY), else None."""
+    if set(parts) - {"FREQ", "INTERVAL", "WKST"} or freq < du.WEEKLY:
+        return None
+    unit = (timedelta(weeks=1), timedelta(days=1), timedelta(hours=1), timedelta(minutes=1))
+    return (unit + (timedelta(seconds=1),))[freq - du.WEEKLY] * int(parts.get("INTERVAL", "1"))
 
 
 def _split(text: str) -> tuple[str | None, str]:
@@ -166,7 +185,7 @@ def _split(text: str) -> tuple[str | None, str]:
     for token in text.split():
         upper = token.upper()
         if upper.startswith("DTSTART") and dtstart is None:
-            dtstart = upper
+            dtstart = token  # TZID keeps its case
         elif upper.startswith(("RRULE:", "FREQ=")) and body is None:
             body = upper.removeprefix("RRULE:")
         else:
@@ -195,7 +214,7 @@ def _dtstart(line: str, where: tzinfo) -> datetime:
         local = datetime.strptime(value[:15], "%Y%m%dT%H%M%S" if len(value) > 8 else "%Y%m%d")
     except ValueError:
         raise ValidationError("expression", f"DTSTART {value!r} is not a valid date") from None
-    if value.endswith("Z"):  # an instant: read it on the schedule's wall clock
+    if value.upper().endswith("Z"):  # an instant: read it on the schedule's wall clock
         return local.replace(tzinfo=UTC).astimezone(where).replace(tzinfo=None)
     return local
 
@@ -211,6 +230,9 @@ def _parts(body: str) -> dict[str, str]:
         parts[key] = value
     if "FREQ" not in parts:
         raise ValidationError("expression", "an RRULE needs FREQ (e.g. FREQ=DAILY)")
+    interval = parts.get("INTERVAL", "1")
+    if not interval.isdigit() or not 1 <= int(interval) <= 10_000:
+        raise ValidationError("expression", f"INTERVAL={interval} must be between 1 and 10000")
     return parts
 
 

@@ -77,7 +77,10 @@ def parse(
     if not expression.strip():
         raise ValidationError("expression", f"a {kind} expression is required")
     where = load_zone(timezone)
-    text = _CANONICAL[kind](expression.strip(), where)
+    try:
+        text = _CANONICAL[kind](expression.strip(), where)
+    except OverflowError:  # e.g. year 9999 in a zone west of UTC
+        raise ValidationError("expression", "a date in it is out of range") from None
     return Spec(cast(Kind, kind), text, timezone, cast(DstGap, dst_gap), cast(DstFold, dst_fold))
 
 

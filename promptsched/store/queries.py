@@ -438,3 +438,8 @@ async def run_insert_replay(
 
 async def run_get_replay(db: DB, run_id: int) -> Record | None:
     return await db.fetchrow(_Q["run_get_replay"], run_id)
+
+
+async def outbox_insert_paused(db: DB, run_id: int, schedule_id: int, now: datetime | None) -> int:
+    count: int = await db.fetchval(_Q["outbox_insert_paused"], run_id, schedule_id, now)
+    return count

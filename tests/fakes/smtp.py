@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any, cast
 
-from aiosmtpd.smtp import SMTP
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
 
 TEMPORARY = "451 4.3.0 Mailbox busy, try again later"
 PERMANENT = "550 5.1.1 No such user here"
@@ -84,12 +84,33 @@ class FakeSMTP:
             changed.set()
 
 
+def _authenticator(login: str, password: str) -> Any:
+    def check(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
+        ok = isinstance(data, LoginPassword) and (data.login, data.password) == (
+            login.encode(),
+            password.encode(),
+        )
+        return AuthResult(success=ok, handled=False)
+
+    return check
+
+
 @asynccontextmanager
-async def start_fake_smtp() -> AsyncIterator[FakeSMTP]:
+async def start_fake_smtp(credentials: tuple[str, str] | None = None) -> AsyncIterator[FakeSMTP]:
+    """With ``credentials``, AUTH (over plain text, as in a test) is required."""
     fake = FakeSMTP()
     loop = asyncio.get_running_loop()
+    options: dict[str, Any] = {}
+    if credentials is not None:
+        options = {
+            "authenticator": _authenticator(*credentials),
+            "auth_required": True,
+            "auth_require_tls": False,
+        }
     # hostname given so aiosmtpd does not look up the machine's FQDN (slow without DNS).
-    server = await loop.create_server(lambda: SMTP(fake, hostname="fake-smtp"), fake.host, 0)
+    server = await loop.create_server(
+        lambda: SMTP(fake, hostname="fake-smtp", **options), fake.host, 0
+    )
     fake.port = server.sockets[0].getsockname()[1]
     try:
         yield fake

@@ -1,3 +1,23 @@
+CREATE TABLE public.api_tokens (
+    id bigint NOT NULL,
+    owner text NOT NULL,
+    admin boolean DEFAULT false NOT NULL,
+    token_hash text NOT NULL,
+    name text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_used_at timestamp with time zone,
+    revoked_at timestamp with time zone,
+    CONSTRAINT api_tokens_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT api_tokens_token_hash_check CHECK ((token_hash ~ '^[0-9a-f]{64}$'::text))
+);
+ALTER TABLE public.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.api_tokens_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.schedules (
     id bigint NOT NULL,
     owner text DEFAULT 'default'::text NOT NULL,
@@ -79,7 +99,7 @@ CREATE TABLE public.outbox (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     sent_at timestamp with time zone,
     CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text]))),
-    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text]))),
+    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text]))),
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'sent'::text, 'dead'::text])))
@@ -173,6 +193,10 @@ ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+ALTER TABLE ONLY public.api_tokens
+    ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.api_tokens
+    ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_idempotency_key_key UNIQUE (idempotency_key);
 ALTER TABLE ONLY public.outbox
@@ -189,6 +213,7 @@ ALTER TABLE ONLY public.schedule_changes
     ADD CONSTRAINT schedule_changes_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+CREATE INDEX api_tokens_owner_idx ON public.api_tokens USING btree (owner, id);
 CREATE INDEX outbox_claim_idx ON public.outbox USING btree (available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX outbox_dead_idx ON public.outbox USING btree (id) WHERE (status = 'dead'::text);
 CREATE INDEX outbox_lease_idx ON public.outbox USING btree (lease_expires_at) WHERE (status = 'sending'::text);
@@ -199,6 +224,7 @@ CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_i
 CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);

@@ -36,7 +36,7 @@ CREATE TABLE outbox (
     schedule_id      bigint      NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
     channel          text        NOT NULL CHECK (channel IN ('email', 'webhook')),
     target           jsonb       NOT NULL,
-    event            text        NOT NULL CHECK (event IN ('succeeded', 'dead')),
+    event            text        NOT NULL CHECK (event IN ('succeeded', 'dead', 'paused')),
     status           text        NOT NULL DEFAULT 'pending'
                                  CHECK (status IN ('pending', 'sending', 'sent', 'dead')),
     attempts         integer     NOT NULL DEFAULT 0,

@@ -58,13 +58,10 @@ LEFT JOIN LATERAL (
 ) o ON true
 WHERE p.provider IS NOT NULL;
 
--- name: stats_outbox_exists
--- The outbox arrives in a later migration; until then there is nothing to count.
-SELECT to_regclass('outbox') IS NOT NULL;
-
 -- name: stats_outbox_depth
--- Undelivered notifications by status (delivered rows are history, never counted).
+-- Undelivered notifications by status; each status has its own partial index (outbox_claim_idx,
+-- outbox_lease_idx, outbox_dead_idx), so sent history is never scanned.
 SELECT status, count(*)::bigint AS count
 FROM outbox
-WHERE status <> 'delivered'
+WHERE status IN ('pending', 'sending', 'dead')
 GROUP BY status;
