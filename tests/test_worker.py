@@ -130,16 +130,12 @@ async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
     rid = await factories.pending_run(pool, await factories.schedule(pool))
     [claimed] = await queries.run_claim_batch(pool, None, "echo", 1, "w", timedelta(seconds=30))
     stale = uuid4()
-    landed = await queries.run_finish_if_current(
+    landed = await queries.run_finish_many(
         pool,
         clock.sql_now(),
-        rid,
-        stale,
-        status="succeeded",
-        attempt_status="succeeded",
-        output="from a stale attempt",
+        [queries.Finish(rid, stale, "succeeded", "succeeded", output="from a stale attempt")],
     )
-    assert landed is False
+    assert landed == set()
     run = await _run(pool, rid)
     assert (run["status"], run["output"], run["attempt_id"]) == (
         "running",

@@ -28,6 +28,7 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
+from promptsched.roles.finalizer import Finalizer
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
 from promptsched.schedule.backoff import RetryPolicy, decide
@@ -62,6 +63,7 @@ class WorkerPool:
         self.registry = registry
         self.limiters = dict(limiters)
         self.heartbeat = heartbeat
+        self.finalizer = Finalizer(pool, clock)
         self.slots = slots
         self.worker_id = worker_id
         self.retry_base = retry_base
@@ -317,8 +319,8 @@ class WorkerPool:
     ) -> None:
         # Shielded: a shutdown must not cut the final write in half.
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            landed = await queries.run_finish_if_current(
-                self.pool, self.clock.sql_now(), row["id"], row["attempt_id"], **fields
+            landed = await self.finalizer.finish(
+                queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
             )
             if landed:
                 if fields["status"] != "pending":

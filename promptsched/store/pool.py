@@ -19,6 +19,12 @@ async def _init(conn: asyncpg.Connection[Any]) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
+    """Pooled connections carry no session state of ours (no SET, LISTEN or session advisory
+    locks: those live on dedicated connections), so the default reset query, a round trip on
+    every release, buys nothing. asyncpg still rolls back a transaction left open."""
+
+
 async def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "promptsched"
 ) -> asyncpg.Pool[Any]:
@@ -27,6 +33,7 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=_init,
+        reset=_no_session_reset,
         server_settings={"application_name": application_name},
         # Bounded so a vanished database turns into an error the roles retry, not a hang.
         timeout=10,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
@@ -195,35 +196,38 @@ async def run_heartbeat_many(
     return await db.fetch(_Q["run_heartbeat_many"], now, run_ids, attempt_ids, lease)
 
 
-async def run_finish_if_current(
-    db: DB,
-    now: datetime | None,
-    run_id: int,
-    attempt_id: UUID,
-    *,
-    status: str,
-    attempt_status: str,
-    output: str | None = None,
-    usage: dict[str, Any] | None = None,
-    error: str | None = None,
-    retry_in: timedelta | None = None,
-    skip_reason: str | None = None,
-) -> bool:
-    """True when the write landed; False means the attempt was fenced."""
-    count: int = await db.fetchval(
-        _Q["run_finish_if_current"],
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One attempt's final write (see run_finish_many)."""
+
+    run_id: int
+    attempt_id: UUID
+    status: str
+    attempt_status: str
+    output: str | None = None
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    retry_in: timedelta | None = None
+    skip_reason: str | None = None
+
+
+async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish]) -> set[int]:
+    """The run ids whose write landed; an id missing was fenced (its attempt is stale)."""
+    row = await db.fetchrow(
+        _Q["run_finish_many"],
         now,
-        run_id,
-        attempt_id,
-        status,
-        output,
-        usage,
-        error,
-        retry_in,
-        skip_reason,
-        attempt_status,
+        [f.run_id for f in batch],
+        [f.attempt_id for f in batch],
+        [f.status for f in batch],
+        [f.output for f in batch],
+        [f.usage for f in batch],
+        [f.error for f in batch],
+        [f.retry_in for f in batch],
+        [f.skip_reason for f in batch],
+        [f.attempt_status for f in batch],
     )
-    return count == 1
+    assert row is not None
+    return set(row["landed"])
 
 
 async def run_release_many(

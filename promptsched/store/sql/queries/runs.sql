@@ -93,31 +93,40 @@ FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
 WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
 RETURNING r.id, r.cancel_requested;
 
--- name: run_finish_if_current
--- Finalize one attempt, guarded by its fencing token: zero rows means the attempt is stale
--- and nothing changes. $4 is the run's next status: succeeded | dead | cancelled | skipped
--- | pending (a retry, available again after the delay $8).
-WITH finished AS (
-    UPDATE runs
-    SET status = $4,
-        output = CASE WHEN $4 = 'succeeded' THEN $5 ELSE output END,
-        usage = CASE WHEN $4 = 'succeeded' THEN $6::jsonb ELSE usage END,
-        error = $7,
-        skip_reason = $9,
-        available_at = CASE WHEN $8::interval IS NULL THEN available_at
-                            ELSE coalesce($1::timestamptz, now()) + $8::interval END,
-        finished_at = CASE WHEN $4 = 'pending' THEN NULL
+-- name: run_finish_many
+-- Finalize a batch of attempts, each guarded by its fencing token: a row missing from the
+-- result was stale and changed nothing. Per row, status is the run's next state: succeeded |
+-- dead | cancelled | skipped | pending (a retry, available again after retry_in).
+WITH input AS (
+    SELECT *
+    FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
+                $8::interval[], $9::text[], $10::text[])
+         AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
+              attempt_status)
+), finished AS (
+    UPDATE runs r
+    SET status = i.status,
+        output = CASE WHEN i.status = 'succeeded' THEN i.output ELSE r.output END,
+        usage = CASE WHEN i.status = 'succeeded' THEN i.usage ELSE r.usage END,
+        error = i.error,
+        skip_reason = i.skip_reason,
+        available_at = CASE WHEN i.retry_in IS NULL THEN r.available_at
+                            ELSE coalesce($1::timestamptz, now()) + i.retry_in END,
+        finished_at = CASE WHEN i.status = 'pending' THEN NULL
                            ELSE coalesce($1::timestamptz, now()) END,
-        attempt_id = CASE WHEN $4 = 'pending' THEN NULL ELSE attempt_id END,
+        attempt_id = CASE WHEN i.status = 'pending' THEN NULL ELSE r.attempt_id END,
         lease_expires_at = NULL,
         worker_id = NULL,
         cancel_requested = false
-    WHERE id = $2 AND attempt_id = $3 AND status = 'running'
-    RETURNING id, schedule_id, status
+    FROM input i
+    WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
+    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error
 ), attempt AS (
-    UPDATE run_attempts
-    SET status = $10, finished_at = coalesce($1::timestamptz, now()), error = $7
-    WHERE attempt_id = $3 AND EXISTS (SELECT 1 FROM finished)
+    UPDATE run_attempts a
+    SET status = f.attempt_status, finished_at = coalesce($1::timestamptz, now()),
+        error = f.error
+    FROM finished f
+    WHERE a.attempt_id = f.attempt_id
 ), owed AS (
     -- Invariant 5: the notifications a final state owes are written by this very statement,
     -- so they exist exactly when the finish landed (notify_channels, 0002_outbox.sql, reads
@@ -136,8 +145,8 @@ WITH finished AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
     SELECT pg_notify('promptsched_outbox', 'finish') FROM (SELECT 1 FROM owed LIMIT 1) o
 )
-SELECT (SELECT count(*) FROM finished)::int AS finished,
-       (SELECT count(*) FROM woke)::int AS woken;
+SELECT coalesce(array_agg(id), '{}') AS landed, (SELECT count(*) FROM woke)::int AS woken
+FROM finished;
 
 -- name: run_release_many
 -- Drain: hand runs back at once so another replica claims them without waiting for the
