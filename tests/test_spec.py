@@ -127,8 +127,24 @@ NOW = datetime(2026, 6, 1, tzinfo=UTC)
             "RRULE:FREQ=DAILY;BYHOUR=25",
             {},
             "expression",
-            "invalid RRULE",
+            "BYHOUR=25: '25' must be 0..23",
             id="rrule-hour-25",
+        ),
+        pytest.param(
+            "rrule",
+            "RRULE:FREQ=HOURLY;BYHOUR=99",
+            {},
+            "expression",
+            "BYHOUR=99",
+            id="rrule-hourly-hour-99",
+        ),
+        pytest.param(
+            "rrule",
+            "RRULE:FREQ=MONTHLY;BYMONTHDAY=0",
+            {},
+            "expression",
+            "must be 1..31 or -31..-1",
+            id="rrule-monthday-zero",
         ),
         pytest.param(
             "rrule",
@@ -341,9 +357,27 @@ def test_check_fires_returns_the_first_fire() -> None:
 CRONISH = st.text(alphabet="0123456789*/,-?#LW@ ", max_size=24)
 RRULEISH = st.lists(
     st.sampled_from(
-        ["FREQ=DAILY", "FREQ=HOURLY", "FREQ=YEARLY", "INTERVAL=0", "INTERVAL=3", "COUNT=2",
-         "UNTIL=20260101", "UNTIL=2026", "BYHOUR=99", "BYMONTHDAY=-1", "BYMONTH=2",
-         "BYMONTHDAY=30", "BYDAY=MO", "BYDAY=XX", "BYSETPOS=1", "WKST=SU", "X=1", "=", ""]
+        [
+            "FREQ=DAILY",
+            "FREQ=HOURLY",
+            "FREQ=YEARLY",
+            "INTERVAL=0",
+            "INTERVAL=3",
+            "COUNT=2",
+            "UNTIL=20260101",
+            "UNTIL=2026",
+            "BYHOUR=99",
+            "BYMONTHDAY=-1",
+            "BYMONTH=2",
+            "BYMONTHDAY=30",
+            "BYDAY=MO",
+            "BYDAY=XX",
+            "BYSETPOS=1",
+            "WKST=SU",
+            "X=1",
+            "=",
+            "",
+        ]
     ),
     max_size=5,
 ).map(lambda parts: "RRULE:" + ";".join(parts))
@@ -359,3 +393,23 @@ def test_parse_line_fails_only_with_validation_errors(text: str) -> None:
         return
     # whatever parses must also compute fire times without crashing
     fire_times.preview(s, NOW, 3)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("RRULE:FREQ=DAILY;BYMONTH=2;BYYEARDAY=1", id="month-vs-yearday"),
+        pytest.param("RRULE:FREQ=MONTHLY;BYDAY=-1FR;BYMONTHDAY=1,2,3", id="last-friday-on-1st"),
+        pytest.param(
+            "DTSTART:20260106T090000\nRRULE:FREQ=DAILY;INTERVAL=7;BYDAY=MO", id="weekly-phase"
+        ),
+    ],
+)
+def test_rrule_contradictions_are_rejected_without_iterating_to_9999(text: str) -> None:
+    with pytest.raises(ValidationError, match="the RRULE never fires"):
+        spec.parse("rrule", text)
+
+
+def test_rrule_rare_but_possible_rules_are_accepted() -> None:
+    s = spec.parse("rrule", "DTSTART:20260101T090000\nRRULE:FREQ=MONTHLY;BYDAY=5MO;BYMONTH=2")
+    assert spec.check_fires(s, NOW) == datetime(2044, 2, 29, 9, 0, tzinfo=UTC)

@@ -35,7 +35,16 @@ _WINDOWS = (
 )
 _FREQS = ("YEARLY", "MONTHLY", "WEEKLY", "DAILY", "HOURLY", "MINUTELY", "SECONDLY")
 _WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
-_MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_RANGES = {  # BY* part: (low, high, may be negative)
+    "BYSECOND": (0, 59, False),
+    "BYMINUTE": (0, 59, False),
+    "BYHOUR": (0, 23, False),
+    "BYMONTH": (1, 12, False),
+    "BYMONTHDAY": (1, 31, True),
+    "BYYEARDAY": (1, 366, True),
+    "BYWEEKNO": (1, 53, True),
+    "BYSETPOS": (1, 366, True),
+}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -149,8 +158,10 @@ def compile_rrule(text: str, where: tzinfo) -> RRule:
         raise ValidationError("expression", "an RRULE may have COUNT or UNTIL, not both")
     until_text = parts.pop("UNTIL", None)
     count_text = parts.pop("COUNT", None)
+    _check_ranges(parts)
     rule = _dateutil_rule(parts, dtstart)
     _check_possible(parts)
+    _check_phase(parts, dtstart)
     until_utc, until_local = _until(until_text, where) if until_text else (None, None)
     if count_text is not None:
         until_local = _last_of(rule, _count(count_text))
@@ -246,19 +257,52 @@ def _dateutil_rule(parts: dict[str, str], dtstart: datetime) -> du.rrule:
     return rule
 
 
+def _check_ranges(parts: dict[str, str]) -> None:
+    """dateutil accepts some out-of-range BY* values (BYHOUR=99) and then fails while iterating."""
+    for key, (low, high, signed) in _RANGES.items():
+        for item in parts.get(key, "").split(",") if key in parts else ():
+            number = item.lstrip("+-")
+            ok = number.isdigit() and low <= int(number) <= high and (signed or item == number)
+            if not ok:
+                raise ValidationError(
+                    "expression",
+                    f"{key}={parts[key]}: {item!r} must be "
+                    + (f"{low}..{high} or -{high}..-{low}" if signed else f"{low}..{high}"),
+                )
+
+
 def _check_possible(parts: dict[str, str]) -> None:
-    """Reject the common never-matching rules (BYMONTHDAY=30 with BYMONTH=2) up front."""
-    if "BYMONTH" not in parts or "BYMONTHDAY" not in parts:
-        return
-    if any(k in parts for k in ("BYDAY", "BYYEARDAY", "BYWEEKNO", "BYEASTER")):
-        return
-    months = [int(m) for m in parts["BYMONTH"].split(",")]
-    days = [abs(int(d)) for d in parts["BYMONTHDAY"].split(",")]
-    if not any(d <= _MAX_DAYS[m - 1] for d in days for m in months):
+    """Reject day filters that contradict each other (BYMONTH=2;BYMONTHDAY=30) up front.
+
+    dateutil would otherwise iterate day by day up to year 9999 looking for a match. The
+    Gregorian calendar repeats every 400 years, so a YEARLY probe over 9600..9999 with the
+    same day filters answers "does any day ever match" in at most 400 cheap iterations.
+    """
+    keys = [k for k in ("BYMONTH", "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYDAY") if k in parts]
+    if len(keys) < 2:
+        return  # one in-range filter alone always matches some day
+    probe = {k: parts[k] for k in keys}
+    if parts["FREQ"] == "MONTHLY" and "BYMONTH" not in probe:
+        probe["BYMONTH"] = "1,2,3,4,5,6,7,8,9,10,11,12"  # keeps `2MO` meaning "in the month"
+    text = "RRULE:FREQ=YEARLY;" + ";".join(f"{k}={v}" for k, v in probe.items())
+    start = datetime(9600, 1, 1)
+    if du.rrulestr(text, dtstart=start).after(start, inc=True) is None:
         raise ValidationError(
             "expression",
-            f"the RRULE never fires: BYMONTHDAY={parts['BYMONTHDAY']} does not occur in "
-            f"BYMONTH={parts['BYMONTH']}",
+            "the RRULE never fires: no date matches " + ";".join(f"{k}={parts[k]}" for k in keys),
+        )
+
+
+def _check_phase(parts: dict[str, str], dtstart: datetime) -> None:
+    """DAILY with an INTERVAL of whole weeks only ever reaches DTSTART's weekday."""
+    if parts["FREQ"] != "DAILY" or "BYDAY" not in parts or int(parts.get("INTERVAL", "1")) % 7:
+        return
+    weekday = _WEEKDAYS[dtstart.weekday()]
+    if not any(day.endswith(weekday) for day in parts["BYDAY"].split(",")):
+        raise ValidationError(
+            "expression",
+            f"the RRULE never fires: INTERVAL={parts['INTERVAL']} days from DTSTART "
+            f"(a {weekday}) never lands on BYDAY={parts['BYDAY']}",
         )
 
 
