@@ -37,11 +37,14 @@ class Supervisor:
         self.ready = False
         self.worker: WorkerPool | None = None
         self.api: api_app.ApiServer | None = None
+        self.provider_kinds: dict[str, str] = {}
 
     async def run(self) -> None:
         config = self.config
         pool = await pools.create_pool(self.dsn, max_size=max(4, min(config.workers + 4, 40)))
-        registry, limiters = build_registry(parse_providers(config.env, config.providers_raw))
+        settings = parse_providers(config.env, config.providers_raw)
+        self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
+        registry, limiters = build_registry(settings)
         try:
             async with pool.acquire() as conn:
                 applied = await migrate.apply(conn)
@@ -130,7 +133,13 @@ class Supervisor:
             # the queue gauges from the database (roles/stats.py).
             await tg.start(Stats(self.dsn, self.clock, self.metrics).run)
             app = api_app.build(
-                pool, self.metrics, lambda: self.ready, clock=self.clock, providers=registry.names()
+                pool,
+                self.metrics,
+                lambda: self.ready,
+                clock=self.clock,
+                providers=registry.names(),
+                provider_kinds=self.provider_kinds,
+                allow_private_webhooks=config.allow_private_webhooks,
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

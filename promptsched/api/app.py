@@ -1,8 +1,11 @@
-"""The aiohttp application and the API role that serves it."""
+"""The aiohttp application (routes from the operation table, the error middleware) and the API
+role that serves it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import anyio
@@ -10,47 +13,128 @@ import asyncpg
 import structlog
 from aiohttp import web
 from anyio.abc import TaskStatus
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from promptsched import service
+from promptsched.api import openapi
+from promptsched.api.handlers import controls, explain, meta, notifications, runs, schedules
+from promptsched.api.http import DEPS, ApiError, Deps, Operation, endpoint
+from promptsched.clock import Clock
+from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
-from promptsched.store import migrate
 
 log = structlog.get_logger("api")
 
-POOL: web.AppKey[asyncpg.Pool[Any]] = web.AppKey("pool", asyncpg.Pool)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-READY: web.AppKey[Callable[[], bool]] = web.AppKey("ready", Callable)  # type: ignore[arg-type]
+MAX_BODY = 1024 * 1024  # a 100k-character prompt, JSON-escaped, fits
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
+_UNAVAILABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
+# Room for the longest request line the document allows (a 2000-character preview expression,
+# percent-encoded), so no documented request meets the HTTP parser's own 400.
+RUNNER_OPTIONS: dict[str, Any] = {"access_log": None, "max_line_size": 64 * 1024}
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+OPERATIONS: tuple[Operation, ...] = (
+    *schedules.OPERATIONS,
+    *controls.OPERATIONS,
+    *explain.OPERATIONS,
+    *runs.OPERATIONS,
+    *notifications.OPERATIONS,
+    *meta.OPERATIONS,
+)
 
 
-async def readyz(request: web.Request) -> web.Response:
-    if not request.app[READY]():
-        return web.json_response({"status": "draining"}, status=503)
+def _error(
+    status: int,
+    code: str,
+    message: str,
+    request_id: str,
+    *,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    body = {"code": code, "message": message, "field": field, "request_id": request_id}
+    return web.json_response({"error": body}, status=status, headers=headers)
+
+
+def _known_error(exc: Exception, request_id: str) -> web.Response | None:
+    """The response for an error the API raises on purpose; None for anything else."""
+    if isinstance(exc, ValidationError):
+        return _error(422, "invalid", exc.message, request_id, field=exc.field)
+    if isinstance(exc, ApiError):
+        return _error(
+            exc.status, exc.code, exc.message, request_id, field=exc.field, headers=exc.headers
+        )
+    if isinstance(exc, service.NotFound):
+        return _error(404, "not_found", str(exc), request_id)
+    if isinstance(exc, service.VersionConflict):
+        return _error(409, "version_conflict", str(exc), request_id, field="version")
+    if isinstance(exc, service.StateConflict):
+        return _error(409, "conflict", str(exc), request_id)
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        code = _HTTP_CODES.get(exc.status, "http_error")
+        message = f"the body is larger than {MAX_BODY} bytes" if exc.status == 413 else exc.reason
+        return _error(exc.status, code, message, request_id, headers=headers)
+    return None
+
+
+@web.middleware
+async def errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Turns every error into a JSON body; an unexpected one into a 500 with a logged id."""
+    given = request.headers.get("X-Request-Id", "")
+    request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
     try:
-        with anyio.fail_after(2):
-            async with request.app[POOL].acquire() as conn:
-                await migrate.check(conn)
-    except Exception as exc:  # any failure to reach a current schema means "not ready"
-        return web.json_response({"status": "unavailable", "error": str(exc)}, status=503)
-    return web.json_response({"status": "ready"})
+        response = await handler(request)
+    except Exception as exc:
+        known = _known_error(exc, request_id)
+        if known is not None:
+            response = known
+        elif isinstance(exc, web.HTTPException):
+            raise  # a redirect or similar: not an error
+        elif isinstance(exc, _UNAVAILABLE):
+            log.warning("api.unavailable", request_id=request_id, error=repr(exc))
+            response = _error(503, "unavailable", "the database is unreachable", request_id)
+        else:
+            log.exception(
+                "api.unexpected_error",
+                request_id=request_id,
+                method=request.method,
+                path=request.path,  # never the query or headers: they may carry secrets
+            )
+            response = _error(500, "internal", "unexpected server error", request_id)
+    response.headers["X-Request-Id"] = request_id
+    return response
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def build(pool: asyncpg.Pool[Any], registry: Metrics, ready: Callable[[], bool]) -> web.Application:
-    app = web.Application(client_max_size=256 * 1024)
-    app[POOL] = pool
-    app[METRICS] = registry
-    app[READY] = ready
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+def build(
+    pool: asyncpg.Pool[Any],
+    registry: Metrics,
+    ready: Callable[[], bool],
+    *,
+    clock: Clock | None = None,
+    providers: Collection[str] = ("echo",),
+    provider_kinds: Mapping[str, str] | None = None,
+    allow_private_webhooks: bool = False,
+) -> web.Application:
+    ops = OPERATIONS
+    deps = Deps(
+        pool=pool,
+        clock=clock or Clock(),
+        metrics=registry,
+        ready=ready,
+        providers=tuple(providers),
+        provider_kinds=dict(provider_kinds or {}),
+        allow_private_webhooks=allow_private_webhooks,
+        document=openapi.document(ops),
+    )
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
+    app[DEPS] = deps
+    for op in ops:
+        app.router.add_route(op.method, op.path, endpoint(op, deps))
     return app
 
 
@@ -64,7 +148,7 @@ class ApiServer:
         self.bound_port: int | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(self.app, handle_signals=False, **RUNNER_OPTIONS)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:

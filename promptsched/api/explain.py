@@ -1,0 +1,202 @@
+"""Why a schedule did (or will) fire or not at an instant, reasoned from the schedule, its
+change history and the runs around that slot, so operators need not read logs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from promptsched.api import views
+from promptsched.errors import ValidationError
+from promptsched.schedule import fire_times, spec
+
+TIMING = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
+LOOKBACK = timedelta(days=5 * 366)
+_US = timedelta(microseconds=1)
+_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
+_RUN_VERDICTS = {
+    "succeeded": "ran",
+    "dead": "failed",
+    "cancelled": "cancelled",
+    "skipped": "skipped",
+    "pending": "in_progress",
+    "running": "in_progress",
+}
+_SKIP_REASONS = {
+    "overlap": "an earlier run was still unfinished (overlap policy)",
+    "misfire": "the slot was found late and the misfire policy dropped it",
+    "disabled": "the schedule was paused when a worker picked the run up",
+}
+
+Row = asyncpg.Record
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    schedule: Row
+    at: datetime
+    now: datetime
+    changes: Sequence[Row]  # schedule_change_around: the state at `at`, then later edits
+    runs: Sequence[Row]  # run_list_for_slot: position 'at', 'after' or 'before'
+
+
+def spec_at(schedule: Row, changes: Sequence[Row]) -> spec.Spec:
+    """The expression in force at the instant: the current one with later edits undone."""
+    timing = {key: schedule[key] for key in TIMING}
+    for edit in (c for c in changes if c["later"]):  # newest first
+        for key in TIMING:
+            pair = (edit["changes"] or {}).get(key)
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str):
+                timing[key] = pair[0]
+    return spec.Spec(**timing)
+
+
+def _state(changes: Sequence[Row]) -> Row | None:
+    return next((c for c in changes if not c["later"]), None)
+
+
+def _paused_by(state: Row | None) -> bool:
+    if state is None:
+        return False
+    if state["action"] == "create":
+        fields = (state["changes"] or {}).get("fields") or {}
+        return fields.get("enabled") is False
+    return state["action"] in ("pause", "auto_pause")
+
+
+def _local(s: spec.Spec, t: datetime) -> str:
+    utc = t.astimezone(UTC).isoformat()
+    if s.timezone == "UTC":
+        return utc
+    return f"{utc} ({t.astimezone(spec.load_zone(s.timezone)).isoformat()} {s.timezone})"
+
+
+def _describe_run(run: Row) -> str:
+    status = run["status"]
+    text = f"run {run['id']} ({run['origin']}) for this slot "
+    if status == "skipped":
+        reason = _SKIP_REASONS.get(run["skip_reason"], run["skip_reason"])
+        missed = (
+            f"; it stands for {run['missed_slots']} earlier missed slots"
+            if run["missed_slots"]
+            else ""
+        )
+        return text + f"was skipped: {reason}{missed}"
+    if status in ("pending", "running"):
+        return text + f"is {status}"
+    detail = f": {run['error']}" if run["error"] and status != "succeeded" else ""
+    return text + f"{status} after {run['attempts']} attempt(s){detail}"
+
+
+def _covered_by(s: spec.Spec, at: datetime, after: Row | None) -> bool:
+    """Whether a later cadence run stands for this slot (missed slots coalesced into it)."""
+    if after is None or not after["missed_slots"]:
+        return False
+    missed = int(after["missed_slots"])
+    count, _ = fire_times.count_between(s, at, after["slot"] - _US, limit=missed + 1)
+    return count <= missed
+
+
+def _pause_text(state: Row) -> str:
+    changes = state["changes"] or {}
+    reason = changes.get("reason")
+    until = changes.get("until")
+    return (
+        f"paused by {state['actor']} at {state['at'].isoformat()}"
+        + (f" ({reason})" if reason else "")
+        + (f" until {until}" if until else "")
+    )
+
+
+def _future(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
+    row = f.schedule
+    if row["enabled"]:
+        return "scheduled", f"it will fire at {_local(s, at)}", None
+    state = _state(f.changes)
+    until = row["paused_until"]
+    if until is not None and until <= at:
+        return "scheduled", f"paused until {until.isoformat()}, so it will fire at this slot", None
+    reason = f" ({row['pause_reason']})" if row["pause_reason"] else ""
+    pause = state if _paused_by(state) else None
+    return "paused", f"it is paused{reason}: it will not fire then unless resumed before", pause
+
+
+def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
+    state = _state(f.changes)
+    after = next((r for r in f.runs if r["position"] == "after"), None)
+    coalesced = _covered_by(s, at, after)
+    if _paused_by(state):
+        assert state is not None
+        text = f"no run: the schedule was {_pause_text(state)}"
+        if coalesced and after is not None:
+            text += f"; on resume the misfire policy folded this slot into run {after['id']}"
+        return "paused", text, state
+    if coalesced and after is not None:
+        return (
+            "coalesced",
+            f"the slot was found late; the misfire policy ({f.schedule['misfire_policy']}) "
+            f"folded it into run {after['id']} at {after['slot'].isoformat()}, which stands for "
+            f"{after['missed_slots']} missed slot(s)",
+            None,
+        )
+    cursor = f.schedule["next_fire_at"]
+    if f.schedule["enabled"] and cursor is not None and cursor <= at:
+        return "due", "the slot is due but no scheduler has enqueued it yet: is one running?", None
+    window = f.schedule["catchup_window"]
+    hint = f" (its catchup window is {window})" if window else ""
+    return (
+        "missed",
+        f"no run was made for this slot: no scheduler reached it in time{hint}, or it was "
+        "dropped by the misfire policy",
+        None,
+    )
+
+
+def _verdict(f: Facts, s: spec.Spec, at: datetime, fire: bool) -> tuple[str, str, Row | None]:
+    at_slot = [r for r in f.runs if r["position"] == "at"]
+    if at_slot:
+        main = next((r for r in at_slot if r["origin"] == "cadence"), at_slot[0])
+        return _RUN_VERDICTS[main["status"]], _describe_run(main), None
+    if at < f.schedule["created_at"]:
+        created = f.schedule["created_at"].isoformat()
+        return "before_created", f"the schedule did not exist yet (created {created})", None
+    if not fire:
+        return "not_a_fire_time", f"{_local(s, at)} is not a fire time of {s.expression}", None
+    if at > f.now:
+        return _future(f, s, at)
+    return _past(f, s, at)
+
+
+def explain(f: Facts) -> dict[str, Any]:
+    at = f.at.astimezone(UTC)
+    s = spec_at(f.schedule, f.changes)
+    try:
+        fire_times.compiled(s)
+    except ValidationError:  # an old expression this version no longer reads
+        s = spec_at(f.schedule, ())
+    fire = fire_times.next_after(s, at - _US) == at
+    earlier = fire_times.last_between(s, max(at - LOOKBACK, _FLOOR), at - _US, 1)
+    verdict, message, pause = _verdict(f, s, at, fire)
+    runs = [r for r in f.runs if r["position"] == "at"]
+    if verdict in ("coalesced", "paused"):
+        runs += [r for r in f.runs if r["position"] == "after" and r["missed_slots"]]
+    return {
+        "schedule_id": f.schedule["id"],
+        "at": at.isoformat(),
+        "verdict": verdict,
+        "message": message,
+        "fire_time": fire,
+        "previous_fire_time": earlier[-1].isoformat() if earlier else None,
+        "next_fire_time": _iso(fire_times.next_after(s, at)),
+        "expression": {"kind": s.kind, "expression": s.expression, "timezone": s.timezone},
+        "runs": [views.run(r) for r in runs],
+        "pause": views.change(pause) if pause is not None else None,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

@@ -1,0 +1,1 @@
+"""HTTP handlers, one module per resource; each exports its OPERATIONS."""

@@ -1,0 +1,43 @@
+"""GET /v1/schedules/{id}/explain: why a schedule did (or will) fire or not at an instant."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from promptsched import service
+from promptsched.api import explain, validate
+from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
+from promptsched.schedule import spec
+from promptsched.store import queries
+
+
+async def explain_slot(call: Call) -> web.StreamResponse:
+    schedule_id = call.params["id"]
+    async with call.deps.pool.acquire() as conn:
+        row = await queries.schedule_get(conn, schedule_id, call.scope)
+        if row is None:
+            raise service.NotFound("schedule", schedule_id)
+        zone = spec.load_zone(row["timezone"])
+        at = validate.instant(call.params["at"], "at", zone=zone)
+        now = await service.db_now(conn, call.deps.clock)
+        changes = await queries.schedule_change_around(conn, schedule_id, at)
+        runs = await queries.run_list_for_slot(conn, schedule_id, at)
+    return json_reply(explain.explain(explain.Facts(row, at, now, changes, runs)))
+
+
+OPERATIONS = (
+    Operation(
+        "GET", "/v1/schedules/{id}/explain", explain_slot, "explainSchedule",
+        "Why did (or will) the schedule fire or not at an instant", "schedules",
+        {"200": Reply("the verdict, a sentence, the runs of that slot and the nearest fire "
+                      "times", "Explanation"),
+         "404": Reply("no such schedule (or not yours)", "Error")},
+        params=(
+            ID_PARAM,
+            Param("at", "query", {"type": "string", "minLength": 1, "maxLength": 64},
+                  required=True,
+                  description="ISO-8601 date-time; without an offset it is read in the "
+                  "schedule's time zone"),
+        ),
+    ),
+)  # fmt: skip

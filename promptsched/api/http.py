@@ -1,0 +1,219 @@
+"""Request plumbing shared by the handlers: the operation table entry (which also feeds the
+OpenAPI document), parameter and body parsing against the schemas, errors, and replies."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import asyncpg
+from aiohttp import web
+
+from promptsched.api import auth, schemas, validate
+from promptsched.clock import Clock
+from promptsched.errors import ValidationError
+from promptsched.metrics import Metrics
+
+
+class ApiError(Exception):
+    """An HTTP error with a JSON body ``{"error": {"code", "message", "field"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = dict(headers or {})
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """What handlers need, built once by ``app.build``."""
+
+    pool: asyncpg.Pool[Any]
+    clock: Clock
+    metrics: Metrics
+    ready: Callable[[], bool]
+    providers: tuple[str, ...]
+    provider_kinds: dict[str, str] = field(default_factory=dict)
+    allow_private_webhooks: bool = False
+    document: dict[str, Any] = field(default_factory=dict)
+
+
+DEPS: web.AppKey[Deps] = web.AppKey("deps", Deps)
+
+
+@dataclass(slots=True)
+class Call:
+    """One request, authenticated and parsed."""
+
+    request: web.Request
+    deps: Deps
+    principal: auth.Principal | None
+    params: dict[str, Any]
+    body: dict[str, Any]
+
+    @property
+    def who(self) -> auth.Principal:
+        assert self.principal is not None, "an operation without auth has no principal"
+        return self.principal
+
+    @property
+    def scope(self) -> str | None:
+        """The owner filter for queries: None (every owner) for an admin token."""
+        return self.who.scope
+
+
+Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    where: Literal["path", "query", "header"]
+    schema: schemas.Schema
+    required: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    description: str
+    schema: str | None = None  # a component name
+    headers: tuple[str, ...] = ()
+    media: str = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One route: registered with aiohttp and documented in OpenAPI from the same entry."""
+
+    method: str
+    path: str
+    handler: Handler
+    operation_id: str
+    summary: str
+    tag: str
+    replies: Mapping[str, Reply]
+    params: tuple[Param, ...] = ()
+    body: str | None = None  # a component name
+    body_required: bool = True
+    auth: bool = True
+    description: str = ""
+
+
+ID_PARAM = Param("id", "path", schemas.ID, required=True)
+LIMIT = Param(
+    "limit", "query", {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PAGE, "default": 50}
+)
+CURSOR = Param(
+    "cursor",
+    "query",
+    {"type": "string", "pattern": "^[0-9]{1,18}$"},
+    description="next_cursor from the previous page",
+)
+
+
+def json_reply(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.json_response(data, status=status, headers=headers)
+
+
+def _coerce(raw: str, param: Param) -> Any:
+    """A query or path string as the type its schema names (checked by ``schemas.check``)."""
+    kinds = validate.types_of(param.schema)
+    if "integer" in kinds:
+        text = raw.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+            raise ValidationError(param.name, f"must be a whole number, got {raw[:40]!r}")
+        return int(text)
+    if "boolean" in kinds:
+        if raw not in ("true", "false"):
+            raise ValidationError(param.name, f"must be true or false, got {raw[:40]!r}")
+        return raw == "true"
+    validate.check_storable(raw, param.name)
+    return raw
+
+
+def _unknown_query(params: Sequence[Param], request: web.Request) -> None:
+    """A parameter the operation does not take is an error, not silently ignored (a typo)."""
+    known = [p.name for p in params if p.where == "query"]
+    for name in request.query:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValidationError(name[:60] or "query", f"is not a known parameter{hint}")
+
+
+def parse_params(params: Sequence[Param], request: web.Request) -> dict[str, Any]:
+    _unknown_query(params, request)
+    found: dict[str, Any] = {}
+    for param in params:
+        source: Mapping[str, str] = {
+            "path": request.match_info,
+            "query": request.query,
+            "header": request.headers,
+        }[param.where]
+        raw = source.get(param.name)
+        if raw is None:
+            if param.required:
+                raise ValidationError(param.name, "is required")
+            found[param.name] = param.schema.get("default")
+            continue
+        found[param.name] = validate.check(_coerce(raw, param), param.schema, param.name)
+    return found
+
+
+async def read_body(request: web.Request, component: str, required: bool) -> dict[str, Any]:
+    """The JSON body checked against ``component``; 400 when it is not JSON at all."""
+    raw = await request.read()  # aiohttp answers 413 past client_max_size
+    if not raw.strip():
+        if required:
+            raise ApiError(400, "malformed_json", "the request needs a JSON object body")
+        return {}
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    validate.check_storable(data)
+    checked: dict[str, Any] = validate.check(data, schemas.COMPONENTS[component])
+    return checked
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def endpoint(op: Operation, deps: Deps) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler for ``op``: authenticate, parse, then call the operation's handler."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        principal = None
+        if op.auth:
+            principal = await auth.authenticate(request, deps.pool, deps.clock)
+            if principal is None:
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    "a valid bearer token is required (Authorization: Bearer TOKEN)",
+                    headers={"WWW-Authenticate": 'Bearer realm="promptsched"'},
+                )
+        params = parse_params(op.params, request)
+        body = await read_body(request, op.body, op.body_required) if op.body else {}
+        return await op.handler(Call(request, deps, principal, params, body))
+
+    return handle

@@ -1,0 +1,295 @@
+"""The JSON schemas of the API: the OpenAPI components, which ``validate`` also checks every
+request body and parameter against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from promptsched import service
+from promptsched.schedule import overlap
+
+MAX_PAGE = 200
+RUN_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "skipped")
+ORIGINS = ("cadence", "manual", "backfill", "replay")
+
+Schema = dict[str, Any]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return {**schema, "type": [*kinds, "null"]}
+
+
+def _obj(props: Mapping[str, Schema], required: tuple[str, ...] = (), **extra: Any) -> Schema:
+    return {
+        "type": "object",
+        "properties": dict(props),
+        "required": list(required),
+        "additionalProperties": False,
+        **extra,
+    }
+
+
+TIME: Schema = {"type": "string", "format": "date-time"}
+ID: Schema = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+DURATION: Schema = {
+    "type": ["string", "number", "null"],
+    "maxLength": 40,
+    "minimum": 0,
+    "description": "500ms, 30s, 5m, 1h, 1d (several may be joined: 1h30m); a number is seconds",
+}
+_EXPR: Schema = {"type": ["string", "null"], "maxLength": 2000}
+
+SCHEDULE_FIELDS: dict[str, Schema] = {
+    "name": {"type": "string", "minLength": 1, "maxLength": service.MAX_NAME},
+    "prompt": {"type": "string", "minLength": 1, "maxLength": service.MAX_PROMPT},
+    "cron": {**_EXPR, "description": "5-field cron, 6-field with seconds FIRST, or @hourly"},
+    "rrule": {**_EXPR, "description": "RFC 5545 RRULE, optionally with a DTSTART line"},
+    "at": {**_EXPR, "description": "one-shot local ISO date-time (or with a UTC offset)"},
+    "every": {**_EXPR, "description": "an interval such as 15m, optionally 'from ISO'"},
+    "kind": {"type": "string", "enum": list(service.KINDS)},
+    "expression": {**_EXPR, "description": "with kind: the expression of that kind"},
+    "timezone": {"type": ["string", "null"], "maxLength": 100, "description": "IANA zone"},
+    "provider": {"type": "string", "maxLength": 100},
+    "model": {"type": ["string", "null"], "maxLength": 200},
+    "params": {"type": ["object", "null"], "description": "provider parameters"},
+    "misfire": {"type": "string", "enum": list(service.MISFIRE_POLICIES)},
+    "misfire_cap": {"type": "integer", "minimum": 1, "maximum": 10_000},
+    "misfire_grace": DURATION,
+    "catchup_window": DURATION,
+    "overlap": {"type": "string", "enum": list(overlap.POLICIES)},
+    "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
+    "timeout": DURATION,
+    "jitter": DURATION,
+    "dst_gap": {"type": "string", "enum": ["shift", "skip"]},
+    "dst_fold": {"type": "string", "enum": ["first", "both"]},
+    "pause_after_failures": {"type": ["integer", "null"], "minimum": 1, "maximum": 1000},
+}
+if "notify" in service.EDITABLE:  # the notification targets, once the service accepts them
+    SCHEDULE_FIELDS["notify"] = {"type": ["object", "null"], "description": "email / webhook"}
+
+_SCHEDULE_OUT: dict[str, Schema] = {
+    "id": ID,
+    "owner": {"type": "string"},
+    "name": {"type": "string"},
+    "kind": {"type": "string", "enum": list(service.KINDS)},
+    "expression": {"type": "string"},
+    "timezone": {"type": "string"},
+    "dst_gap": {"type": "string"},
+    "dst_fold": {"type": "string"},
+    "prompt": {"type": "string"},
+    "provider": {"type": "string"},
+    "model": {"type": ["string", "null"]},
+    "params": {"type": "object"},
+    "misfire": {"type": "string"},
+    "misfire_cap": {"type": "integer"},
+    "misfire_grace": {"type": "string"},
+    "catchup_window": {"type": ["string", "null"]},
+    "overlap": {"type": "string"},
+    "max_attempts": {"type": "integer"},
+    "timeout": {"type": "string"},
+    "jitter": {"type": ["string", "null"]},
+    "enabled": {"type": "boolean"},
+    "paused_until": nullable(TIME),
+    "pause_reason": {"type": ["string", "null"]},
+    "pause_after_failures": {"type": ["integer", "null"]},
+    "next_fire_at": nullable(TIME),
+    "version": {"type": "integer"},
+    "created_at": TIME,
+    "updated_at": TIME,
+}
+SCHEDULE_OUT_FIELDS = tuple(_SCHEDULE_OUT)
+_SCHEDULE_EXTRA: dict[str, Schema] = {
+    "notify": {"type": "object", "description": "targets; the webhook secret is never shown"},
+    "next_fire_times": {"type": "array", "items": TIME, "description": "the next 5 slots"},
+}
+
+_RUN: dict[str, Schema] = {
+    "id": ID,
+    "schedule_id": ID,
+    "slot": TIME,
+    "origin": {"type": "string", "enum": list(ORIGINS)},
+    "status": {"type": "string", "enum": list(RUN_STATUSES)},
+    "skip_reason": {"type": ["string", "null"]},
+    "missed_slots": {"type": "integer"},
+    "attempts": {"type": "integer"},
+    "max_attempts": {"type": "integer"},
+    "error": {"type": ["string", "null"]},
+    "output": {"type": ["string", "null"]},
+    "available_at": TIME,
+    "created_at": TIME,
+    "started_at": nullable(TIME),
+    "finished_at": nullable(TIME),
+    "replay_of": {"type": ["integer", "null"]},
+}
+RUN_FIELDS = tuple(_RUN)
+_ATTEMPT = _obj(
+    {
+        "attempt_id": {"type": "string"},
+        "number": {"type": "integer"},
+        "worker_id": {"type": "string"},
+        "status": {"type": "string"},
+        "started_at": TIME,
+        "finished_at": nullable(TIME),
+        "error": {"type": ["string", "null"]},
+    },
+    ("attempt_id", "number", "worker_id", "status", "started_at", "finished_at", "error"),
+)
+_RUN_DETAIL: dict[str, Schema] = {
+    **_RUN,
+    "provider": {"type": "string"},
+    "cancel_requested": {"type": "boolean"},
+    "usage": {"type": ["object", "null"]},
+    "worker_id": {"type": ["string", "null"]},
+    "lease_expires_at": nullable(TIME),
+    "deadline_at": nullable(TIME),
+    "replayed_by": {"type": ["integer", "null"], "description": "the run that replays this one"},
+    "attempt_history": {"type": "array", "items": ref("Attempt")},
+    "notifications": {"type": "array", "items": ref("Notification")},
+}
+RUN_DETAIL_FIELDS = tuple(_RUN_DETAIL)
+
+_NOTIFICATION: dict[str, Schema] = {
+    "id": ID,
+    "run_id": ID,
+    "schedule_id": ID,
+    "schedule_name": {"type": "string"},
+    "channel": {"type": "string", "enum": ["email", "webhook"]},
+    "target": {"type": ["array", "object"], "description": "never the webhook secret"},
+    "event": {"type": "string", "enum": ["succeeded", "dead"]},
+    "status": {"type": "string", "enum": ["pending", "sending", "sent", "dead"]},
+    "attempts": {"type": "integer"},
+    "max_attempts": {"type": ["integer", "null"]},
+    "last_error": {"type": ["string", "null"]},
+    "idempotency_key": {"type": "string"},
+    "created_at": TIME,
+    "available_at": TIME,
+    "sent_at": nullable(TIME),
+}
+_NOTIFICATION_REQUIRED = (
+    "id", "run_id", "schedule_id", "channel", "target", "event", "status", "attempts",
+    "max_attempts", "last_error", "idempotency_key", "created_at", "available_at",
+)  # fmt: skip
+
+_CHANGE = _obj(
+    {
+        "id": ID,
+        "schedule_id": ID,
+        "owner": {"type": "string"},
+        "actor": {"type": "string"},
+        "action": {"type": "string"},
+        "changes": {"type": "object"},
+        "at": TIME,
+    },
+    ("id", "schedule_id", "owner", "actor", "action", "changes", "at"),
+)
+VERDICTS = (
+    "ran", "failed", "cancelled", "skipped", "in_progress", "coalesced", "paused",
+    "not_a_fire_time", "before_created", "scheduled", "due", "missed",
+)  # fmt: skip
+_EXPLANATION = _obj(
+    {
+        "schedule_id": ID,
+        "at": TIME,
+        "verdict": {"type": "string", "enum": list(VERDICTS)},
+        "message": {"type": "string"},
+        "fire_time": {"type": "boolean", "description": "whether `at` is a slot of the schedule"},
+        "previous_fire_time": nullable(TIME),
+        "next_fire_time": nullable(TIME),
+        "expression": _obj(
+            {k: {"type": "string"} for k in ("kind", "expression", "timezone")},
+            ("kind", "expression", "timezone"),
+            description="the expression in force at `at` (edits after it undone)",
+        ),
+        "runs": {"type": "array", "items": ref("Run")},
+        "pause": {"oneOf": [{"type": "null"}, ref("Change")]},
+    },
+    ("schedule_id", "at", "verdict", "message", "fire_time", "previous_fire_time",
+     "next_fire_time", "expression", "runs", "pause"),
+)  # fmt: skip
+
+
+def _page(item: str) -> Schema:
+    return _obj(
+        {
+            "items": {"type": "array", "items": ref(item)},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+        ("items", "next_cursor"),
+    )
+
+
+COMPONENTS: dict[str, Schema] = {
+    "Error": _obj(
+        {
+            "error": _obj(
+                {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "field": {"type": ["string", "null"]},
+                    "request_id": {"type": "string"},
+                },
+                ("code", "message", "field", "request_id"),
+            )
+        },
+        ("error",),
+    ),
+    "ScheduleCreate": _obj(
+        {**SCHEDULE_FIELDS, "enabled": {"type": "boolean"}},
+        ("name", "prompt"),
+        description="exactly one of cron, rrule, at, every (or kind + expression)",
+    ),
+    "SchedulePatch": _obj(
+        {**SCHEDULE_FIELDS, "version": {**ID, "description": "the version you read (or If-Match)"}}
+    ),
+    "Schedule": _obj({**_SCHEDULE_OUT, **_SCHEDULE_EXTRA}, SCHEDULE_OUT_FIELDS),
+    "SchedulePage": _page("Schedule"),
+    "Pause": _obj(
+        {"until": nullable(TIME), "reason": {"type": ["string", "null"], "maxLength": 500}}
+    ),
+    "Backfill": _obj({"start": TIME, "end": TIME}, ("start", "end")),
+    "BackfillResult": _obj(
+        {
+            "created": {"type": "integer"},
+            "runs": {
+                "type": "array",
+                "items": _obj({"id": ID, "slot": TIME}, ("id", "slot")),
+            },
+        },
+        ("created", "runs"),
+    ),
+    "Run": _obj(_RUN, RUN_FIELDS),
+    "RunDetail": _obj(_RUN_DETAIL, RUN_DETAIL_FIELDS),
+    "RunPage": _page("Run"),
+    "Attempt": _ATTEMPT,
+    "Change": _CHANGE,
+    "Notification": _obj(_NOTIFICATION, _NOTIFICATION_REQUIRED),
+    "NotificationPage": _page("Notification"),
+    "ChangePage": _page("Change"),
+    "Explanation": _EXPLANATION,
+    "Preview": _obj(
+        {
+            "kind": {"type": "string"},
+            "expression": {"type": "string"},
+            "timezone": {"type": "string"},
+            "fire_times": {
+                "type": "array",
+                "items": _obj({"utc": TIME, "local": TIME}, ("utc", "local")),
+            },
+        },
+        ("kind", "expression", "timezone", "fire_times"),
+    ),
+    "Text": {"type": "string"},
+    "Document": {"type": "object"},
+    "Status": {
+        "type": "object",
+        "properties": {"status": {"type": "string"}, "error": {"type": "string"}},
+        "required": ["status"],
+    },
+}

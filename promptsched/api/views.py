@@ -1,0 +1,118 @@
+"""Rows as the API shows them: exactly the fields the schemas document, secrets hidden."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from promptsched import notifications, service
+from promptsched.api import schemas
+from promptsched.schedule import spec
+from promptsched.store import queries
+
+NEXT_FIRE_TIMES = 5
+_US = timedelta(microseconds=1)
+
+
+def schedule_spec(row: asyncpg.Record) -> spec.Spec:
+    return spec.Spec(
+        row["kind"], row["expression"], row["timezone"], row["dst_gap"], row["dst_fold"]
+    )
+
+
+def next_fire_times(row: asyncpg.Record, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
+    """The next slots from the schedule's cursor, by the scheduler's own code path."""
+    cursor = row["next_fire_at"]
+    if cursor is None:
+        return []
+    return service.preview(schedule_spec(row), cursor - _US, count)
+
+
+def webhook_secret(row: asyncpg.Record) -> str | None:
+    notify = row["notify"] if "notify" in row.keys() else None
+    webhook = (notify or {}).get("webhook")
+    return webhook.get("secret") if isinstance(webhook, dict) else None
+
+
+def schedule(
+    row: asyncpg.Record, *, with_next: bool = False, reveal_secret: bool = False
+) -> dict[str, Any]:
+    data = service.schedule_json(row, reveal_secret=reveal_secret)  # the secret hidden
+    out = {key: data.get(key) for key in schemas.SCHEDULE_OUT_FIELDS}
+    if out["params"] is None:
+        out["params"] = {}
+    if "notify" in data:
+        out["notify"] = data["notify"]
+    if with_next:
+        out["next_fire_times"] = [t.isoformat() for t in next_fire_times(row)]
+    return out
+
+
+def etag(row: asyncpg.Record) -> str:
+    return f'"{row["version"]}"'
+
+
+def run(row: asyncpg.Record) -> dict[str, Any]:
+    data = service.run_json(row)
+    return {key: data.get(key) for key in schemas.RUN_FIELDS}
+
+
+def attempt(row: asyncpg.Record) -> dict[str, Any]:
+    data = service.run_json(row)
+    return {key: data.get(key) for key in schemas.COMPONENTS["Attempt"]["properties"]}
+
+
+def run_detail(
+    row: asyncpg.Record,
+    attempts: Sequence[asyncpg.Record],
+    replay: asyncpg.Record | None,
+    sent: list[dict[str, Any]],
+) -> dict[str, Any]:
+    data = service.run_json(row)
+    out = {key: data.get(key) for key in schemas.RUN_DETAIL_FIELDS}
+    out["cancel_requested"] = bool(out["cancel_requested"])
+    out["replayed_by"] = replay["id"] if replay is not None else None
+    out["attempt_history"] = [attempt(a) for a in attempts]
+    out["notifications"] = sent
+    return out
+
+
+async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, Any]:
+    """One run with its attempts, replay and notifications; NotFound unless it is the owner's."""
+    row = await queries.run_get(db, run_id, owner)
+    if row is None:
+        raise service.NotFound("run", run_id)
+    attempts = await queries.run_attempts_list(db, run_id)
+    replay = await queries.run_get_replay(db, run_id)
+    sent = await notifications.list_run_notifications(db, run_id, owner)
+    return run_detail(row, attempts, replay, sent)
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "(hidden)" if k == "secret" else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(item) for item in value]
+    return value
+
+
+def change(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "schedule_id": row["schedule_id"],
+        "owner": row["owner"],
+        "actor": row["actor"],
+        "action": row["action"],
+        "changes": _redact(row["changes"] or {}),
+        "at": row["at"].isoformat(),
+    }
+
+
+def page(items: list[dict[str, Any]], limit: int, key: str = "id") -> dict[str, Any]:
+    """A page from ``limit + 1`` fetched items: the extra one only says there is more."""
+    more = len(items) > limit
+    items = items[:limit]
+    return {"items": items, "next_cursor": str(items[-1][key]) if more and items else None}

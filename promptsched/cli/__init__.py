@@ -1,0 +1,57 @@
+"""The ``promptsched`` command line: run the service, migrate, and manage schedules, runs and
+API tokens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import asyncpg
+
+from promptsched import config as configuration
+from promptsched import service
+from promptsched.cli import common, runs, schedules, server, tokens
+from promptsched.errors import PromptschedError, SchemaMismatch, ValidationError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="promptsched", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    server.register(sub)
+    schedules.register(sub)
+    server.register_preview(sub)
+    runs.register(sub)
+    tokens.register(sub)
+    return parser
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"promptsched: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 ok, 1 other error, 2 bad input, 3 schema mismatch, 4 not found."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    try:
+        config = configuration.load(overrides=overrides)
+        return int(args.func(args, config))
+    except ValidationError as exc:
+        return _fail(f"{exc.field}: {exc.message}", common.EXIT_BAD_INPUT)
+    except SchemaMismatch as exc:
+        return _fail(str(exc), common.EXIT_SCHEMA)
+    except service.NotFound as exc:
+        return _fail(str(exc), common.EXIT_NOT_FOUND)
+    except common.CliError as exc:
+        return _fail(str(exc), exc.code)
+    except (PromptschedError, OSError, asyncpg.PostgresError) as exc:
+        return _fail(str(exc), common.EXIT_OTHER)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""What every command shares: the database to use, running a coroutine on one connection,
+CLI errors with exit codes, instants from flags, and human tables."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import anyio
+import asyncpg
+
+from promptsched import config as configuration
+from promptsched.errors import ValidationError
+from promptsched.store import migrate
+from promptsched.store import pool as pools
+from promptsched.store.embedded import EmbeddedPostgres
+
+Command: TypeAlias = "Callable[[asyncpg.Connection[Any]], Awaitable[int]]"
+
+EXIT_OTHER, EXIT_BAD_INPUT, EXIT_SCHEMA, EXIT_NOT_FOUND = 1, 2, 3, 4
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@contextmanager
+def database(config: configuration.Config, *, announce: bool = False) -> Iterator[str]:
+    """The DSN to use: ``PROMPTSCHED_DATABASE_URL``, or the embedded server in the data dir
+    (started if needed, and stopped again on exit by whoever started it)."""
+    if config.database_url:
+        yield config.database_url
+        return
+    server = EmbeddedPostgres(config.data_dir)
+    started = server.ensure_running()
+    if announce:
+        print(
+            f"promptsched: embedded Postgres in {server.data_dir} ({server.dsn()})",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        yield server.dsn()
+    finally:
+        if started:
+            server.stop()
+
+
+def run_async(fn: Callable[[], Awaitable[int]]) -> int:
+    return anyio.run(fn)
+
+
+async def with_conn(dsn: str, fn: Command) -> int:
+    conn = await pools.connect(dsn, application_name="promptsched-cli")
+    try:
+        return await fn(conn)
+    finally:
+        await conn.close()
+
+
+def db_command(config: configuration.Config, fn: Command, *, migrate_first: bool = False) -> int:
+    """Run ``fn`` on one connection to a database whose schema is current."""
+    with database(config) as dsn:
+
+        async def main(conn: asyncpg.Connection[Any]) -> int:
+            if migrate_first:
+                await migrate.apply(conn)
+            await migrate.check(conn)
+            return await fn(conn)
+
+        return run_async(lambda: with_conn(dsn, main))
+
+
+def instant(text: str, flag: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError(flag, f"not an ISO-8601 date-time: {text!r}") from None
+    if value.tzinfo is None:
+        raise ValidationError(flag, "needs a UTC offset, e.g. 2026-12-01T09:00:00+01:00 or Z")
+    return value
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]]) -> None:
+    """Print ``rows`` under a header; each column is (title, key, width), the last one free."""
+    print("  ".join(title.ljust(width) for title, _, width in columns).rstrip())
+    for row in rows:
+        cells = []
+        for _, key, width in columns:
+            value = row.get(key)
+            text = "-" if value is None or value == "" else str(value).replace("\n", " ")
+            cells.append(text[:width].ljust(width) if width else text[:80])
+        print("  ".join(cells).rstrip())
+    if not rows:
+        print("(none)")
+
+
+def details(data: dict[str, Any], keys: Sequence[str] | None = None) -> None:
+    """Print one object as aligned ``key: value`` lines."""
+    shown = [k for k in (keys or list(data)) if k in data]
+    width = max((len(k) for k in shown), default=0)
+    for key in shown:
+        value = data[key]
+        print(f"{key.ljust(width)}  {'-' if value is None else value}")

@@ -1,0 +1,102 @@
+"""Commands that need no schedule: run the service, migrate, and preview an expression."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import asyncpg
+
+from promptsched import config as configuration
+from promptsched import logs, service
+from promptsched.cli.common import database, instant, run_async, with_conn
+from promptsched.errors import ValidationError
+from promptsched.schedule import spec
+from promptsched.store import migrate
+
+
+def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
+    from promptsched.supervisor import Supervisor
+
+    logs.configure(config.log_level, config.resolved_log_format())
+    with database(config, announce=True) as dsn:
+
+        async def main() -> int:
+            await Supervisor(config, dsn).run()
+            return 0
+
+        return run_async(main)
+
+
+def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def main(conn: asyncpg.Connection[Any]) -> int:
+        applied = await migrate.apply(conn)
+        print(f"applied migrations {applied}" if applied else "schema is up to date")
+        return 0
+
+    with database(config) as dsn:
+        return run_async(lambda: with_conn(dsn, main))
+
+
+def cmd_preview(args: argparse.Namespace, config: configuration.Config) -> int:
+    """Needs no database: the preview is pure schedule math, the scheduler's own code path."""
+    parsed = spec.parse_line(args.expression, args.tz, dst_gap=args.dst_gap, dst_fold=args.dst_fold)
+    start = instant(args.start, "--from") if args.start else datetime.now(UTC)
+    if not 1 <= args.count <= 1000:
+        raise ValidationError("--count", "must be between 1 and 1000")
+    zone = ZoneInfo(parsed.timezone)
+    times = service.preview(parsed, start, args.count)
+    rows = [
+        {"local": t.astimezone(zone).isoformat(), "utc": t.astimezone(UTC).isoformat()}
+        for t in times
+    ]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "kind": parsed.kind,
+                    "expression": parsed.expression,
+                    "timezone": parsed.timezone,
+                    "fire_times": rows,
+                }
+            )
+        )
+        return 0
+    print(f"{parsed.kind} {parsed.expression!r} in {parsed.timezone}:")
+    for row in rows:
+        print(f"  {row['local']}   ({row['utc']})")
+    if not rows:
+        print("  (no more fire times)")
+    return 0
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    for setting in configuration.SETTINGS:
+        parser.add_argument(
+            f"--{setting.replace('_', '-')}",
+            dest=f"cfg_{setting}",
+            metavar=configuration.env_name(setting),
+            help=f"overrides {configuration.env_name(setting)}",
+        )
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser("run", help="run the service (scheduler, workers, reaper, API)")
+    _add_run_flags(run)
+    run.set_defaults(func=cmd_run)
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+
+
+def register_preview(sub: Any) -> None:
+    preview = sub.add_parser("preview", help="the next fire times of an expression")
+    preview.add_argument("expression", help="cron line, @macro, RRULE, 'every 15m' or 'at ISO'")
+    preview.add_argument("--tz", default="UTC")
+    preview.add_argument("--from", dest="start", help="ISO-8601 instant (default: now)")
+    preview.add_argument("--count", type=int, default=10)
+    preview.add_argument("--dst-gap", default="shift", choices=("shift", "skip"))
+    preview.add_argument("--dst-fold", default="first", choices=("first", "both"))
+    preview.add_argument("--json", action="store_true")
+    preview.set_defaults(func=cmd_preview)

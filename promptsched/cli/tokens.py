@@ -1,0 +1,94 @@
+"""``promptsched tokens ...``: create an API bearer token (shown once), list, revoke."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import asyncpg
+
+from promptsched import config as configuration
+from promptsched import service
+from promptsched.api import auth
+from promptsched.cli.common import db_command, table
+from promptsched.store import queries
+
+_COLUMNS = (
+    ("ID", "id", 6),
+    ("OWNER", "owner", 20),
+    ("ADMIN", "admin", 5),
+    ("NAME", "name", 24),
+    ("CREATED", "created_at", 32),
+    ("LAST USED", "last_used_at", 32),
+    ("REVOKED", "revoked_at", 0),
+)
+
+
+def _json(row: asyncpg.Record) -> dict[str, Any]:
+    return service.run_json(row)  # ISO instants, plain values
+
+
+def cmd_create(args: argparse.Namespace, config: configuration.Config) -> int:
+    auth.check_owner(args.owner, "--owner")
+
+    async def main(conn: asyncpg.Connection[Any]) -> int:
+        token, row = await auth.create_token(
+            conn, owner=args.owner, admin=args.admin, name=args.name
+        )
+        if args.json:
+            print(json.dumps({**_json(row), "token": token}))
+            return 0
+        print(token)  # alone on stdout, so TOKEN=$(promptsched tokens create ...) works
+        kind = "admin token" if row["admin"] else "token"
+        print(
+            f"created {kind} {row['id']} for owner {row['owner']!r}; it is shown only now, "
+            "store it safely",
+            file=sys.stderr,
+        )
+        return 0
+
+    return db_command(config, main, migrate_first=True)
+
+
+def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def main(conn: asyncpg.Connection[Any]) -> int:
+        data = [_json(row) for row in await queries.token_list(conn, args.owner)]
+        if args.json:
+            print(json.dumps(data))
+        else:
+            table(data, _COLUMNS)
+        return 0
+
+    return db_command(config, main)
+
+
+def cmd_revoke(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def main(conn: asyncpg.Connection[Any]) -> int:
+        row = await queries.token_revoke(conn, args.id, None)
+        if row is None:
+            raise service.NotFound("live token", args.id)
+        print(json.dumps(_json(row)) if args.json else f"revoked token {args.id}")
+        return 0
+
+    return db_command(config, main)
+
+
+def register(sub: Any) -> None:
+    tokens = sub.add_parser("tokens", help="manage API bearer tokens")
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True)
+    create = tokens_sub.add_parser("create", help="create a token (printed once)")
+    create.add_argument("--owner", required=True, help="the owner its requests act as")
+    create.add_argument("--admin", action="store_true", help="sees and changes every owner's")
+    create.add_argument("--name", help="a label, e.g. what uses the token")
+    create.add_argument("--json", action="store_true")
+    create.set_defaults(func=cmd_create)
+    listing = tokens_sub.add_parser("list", help="list tokens (never the tokens themselves)")
+    listing.add_argument("--owner")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_list)
+    revoke = tokens_sub.add_parser("revoke", help="revoke a token at once")
+    revoke.add_argument("id", type=int)
+    revoke.add_argument("--json", action="store_true")
+    revoke.set_defaults(func=cmd_revoke)
