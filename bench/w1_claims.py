@@ -28,7 +28,9 @@ async def _fill(conn: asyncpg.Connection[Any], size: int, analyze: bool) -> None
     await conn.execute(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
         "SELECT (SELECT min(id) FROM schedules), now() - g * interval '1 millisecond', "
-        "'manual', 'echo', 3, now() - interval '1 hour' FROM generate_series(1, $1) g", size)
+        "'manual', 'echo', 3, now() - interval '1 hour' FROM generate_series(1, $1) g",
+        size,
+    )
     if analyze:
         await conn.execute("ANALYZE runs")
 
@@ -49,8 +51,9 @@ async def _baseline(dsn: str, conn: asyncpg.Connection[Any], size: int, analyze:
     return size / elapsed
 
 
-async def _service(dsn: str, conn: asyncpg.Connection[Any], size: int, workers: int,
-                   analyze: bool, log: Path) -> float:
+async def _service(
+    dsn: str, conn: asyncpg.Connection[Any], size: int, workers: int, analyze: bool, log: Path
+) -> float:
     await _fill(conn, 0, analyze)
     process = Process(dsn, log, {"PROMPTSCHED_WORKERS": str(workers)})
     try:
@@ -60,12 +63,14 @@ async def _service(dsn: str, conn: asyncpg.Connection[Any], size: int, workers: 
 
         async def drained() -> bool:
             return not await conn.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")
+                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+            )
 
         await wait_for(drained, 900, interval=0.1)
         span = await conn.fetchval(
             "SELECT extract(epoch FROM max(r.finished_at) - min(a.started_at)) "
-            "FROM runs r JOIN run_attempts a ON a.run_id = r.id")
+            "FROM runs r JOIN run_attempts a ON a.run_id = r.id"
+        )
     finally:
         process.stop()
     return size / float(span)
@@ -75,16 +80,19 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
     size = int(os.environ.get("BENCH_W1_RUNS", "5000"))
     dsn = await fresh_database(embedded)
     conn = await asyncpg.connect(dsn)
-    await conn.execute("INSERT INTO schedules (name, kind, expression, prompt) "
-                       "VALUES ('w1', 'cron', '0 9 * * 1', 'p')")
+    await conn.execute(
+        "INSERT INTO schedules (name, kind, expression, prompt) "
+        "VALUES ('w1', 'cron', '0 9 * * 1', 'p')"
+    )
     results: dict[str, Any] = {"runs": size}
     try:
         for analyze, label in ((True, "analyzed"), (False, "stale")):
             bare = await _baseline(dsn, conn, size, analyze)
             results[f"bare_runs_per_s_{label}"] = bare
             for workers in (16, 64):
-                rate = await _service(dsn, conn, size, workers, analyze,
-                                      workdir / f"w1-{workers}-{label}.log")
+                rate = await _service(
+                    dsn, conn, size, workers, analyze, workdir / f"w1-{workers}-{label}.log"
+                )
                 results[f"service_{workers}_runs_per_s_{label}"] = rate
                 results[f"service_{workers}_vs_bare_{label}"] = rate / bare
     finally:

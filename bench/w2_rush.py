@@ -27,7 +27,10 @@ async def _baseline(conn: asyncpg.Connection[Any], size: int) -> float:
     await conn.execute(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts) "
         "SELECT $1, now() - g * interval '1 second', 'backfill', 'echo', 3 "
-        "FROM generate_series(1, $2) g", sid, size)
+        "FROM generate_series(1, $2) g",
+        sid,
+        size,
+    )
     elapsed = time.perf_counter() - start
     await conn.execute("DELETE FROM runs WHERE origin = 'backfill'")
     return elapsed
@@ -40,7 +43,9 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
     await conn.execute(
         "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
         "SELECT 'w2-' || g, 'cron', '0 9 * * 1', 'p', '2020-01-06 09:00+00' "
-        "FROM generate_series(1, $1) g", size)
+        "FROM generate_series(1, $1) g",
+        size,
+    )
     await conn.execute("ANALYZE")
     baseline = min([await _baseline(conn, size) for _ in range(3)])
     # Every schedule is due at T, a couple of seconds ahead; the service is idle until then.
@@ -48,11 +53,14 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
     # A cron (seconds first) that fires at exactly that second, once a year: the cursor must
     # be one of the expression's fire times.
     expression = f"{slot.second} {slot.minute} {slot.hour} {slot.day} {slot.month} *"
-    await conn.execute("UPDATE schedules SET next_fire_at = $1, expression = $2", slot,
-                       expression)
-    process = Process(dsn, workdir / "w2.log", {"PROMPTSCHED_WORKERS": "64",
-                                                "PROMPTSCHED_SCHEDULER_BATCH": "5000"})
+    await conn.execute("UPDATE schedules SET next_fire_at = $1, expression = $2", slot, expression)
+    process = Process(
+        dsn,
+        workdir / "w2.log",
+        {"PROMPTSCHED_WORKERS": "64", "PROMPTSCHED_SCHEDULER_BATCH": "5000"},
+    )
     try:
+
         async def all_rows() -> bool:
             return bool(await conn.fetchval("SELECT count(*) >= $1 FROM runs", size))
 
@@ -60,23 +68,27 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
 
         async def all_done() -> bool:
             return not await conn.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")
+                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+            )
 
         await wait_for(all_done, 600, interval=0.2)
         row = await conn.fetchrow(
             "SELECT extract(epoch FROM max(r.created_at) - $1) AS fanout, "
             "extract(epoch FROM min(a.started_at) - $1) AS first_start, "
             "extract(epoch FROM max(r.finished_at) - $1) AS all_done "
-            "FROM runs r LEFT JOIN run_attempts a ON a.run_id = r.id", slot)
+            "FROM runs r LEFT JOIN run_attempts a ON a.run_id = r.id",
+            slot,
+        )
     finally:
         process.stop()
         await conn.close()
     fanout = float(row["fanout"])
     return {
-        "schedules": size, "fanout_s": fanout, "first_start_s": float(row["first_start"]),
-        "all_finished_s": float(row["all_done"]), "baseline_insert_s": baseline,
+        "schedules": size,
+        "fanout_s": fanout,
+        "first_start_s": float(row["first_start"]),
+        "all_finished_s": float(row["all_done"]),
+        "baseline_insert_s": baseline,
         "fanout_vs_baseline": fanout / baseline,
         "runs_per_s_overall": size / float(row["all_done"]),
     }
-
-

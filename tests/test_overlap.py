@@ -43,4 +43,6 @@ def test_coalesced_misfire_rows_pass_through() -> None:
     planned = (PlannedRun(T, "skipped", "misfire", 5), *_planned(1))
     decision = overlap.apply("skip", pending=0, running=0, planned=planned)
     assert [(r.status, r.skip_reason) for r in decision.runs] == [
-        ("skipped", "misfire"), ("pending", None)]
+        ("skipped", "misfire"),
+        ("pending", None),
+    ]
