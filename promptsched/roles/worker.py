@@ -176,7 +176,7 @@ class WorkerPool:
                 )
                 self.metrics.dropped_ticks.labels("disabled").inc()
                 return
-            bound.info("attempt.started", attempt=row["attempts"], provider=attempt.provider)
+            bound.debug("attempt.started", attempt=row["attempts"], provider=attempt.provider)
             with attempt.scope:
                 outcome = await self._call_executor(row, attempt)
             duration = anyio.current_time() - started
