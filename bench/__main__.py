@@ -19,7 +19,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _selected() -> set[str]:
     only = os.environ.get("BENCH_ONLY", "")
-    return {part.strip() for part in only.split(",") if part.strip()} or {"w1", "w2", "w3", "w6"}
+    return {part.strip() for part in only.split(",") if part.strip()} or {
+        "w1",
+        "w2",
+        "w3",
+        "w4",
+        "w5",
+        "w6",
+    }
 
 
 async def _run_all(selected: set[str]) -> dict[str, Any]:
@@ -38,6 +45,14 @@ async def _run_all(selected: set[str]) -> dict[str, Any]:
             results["w2"] = await w2_rush.run(embedded, workdir)
         if "w3" in selected:
             results["w3"] = await w3_precision.run(embedded, workdir)
+        if "w4" in selected:
+            from bench import w4_recovery
+
+            results["w4"] = await w4_recovery.run(embedded, workdir)
+        if "w5" in selected:
+            from bench import w5_footprint
+
+            results["w5"] = await w5_footprint.run(embedded, workdir)
     return results
 
 
@@ -67,6 +82,11 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
+    # A partial run (BENCH_ONLY) updates its workloads and keeps the others' last figures.
+    previous = RESULTS / "results.json"
+    if previous.exists() and os.environ.get("BENCH_ONLY"):
+        results = {**json.loads(previous.read_text()).get("results", {}), **results}
+    results = dict(sorted(results.items()))
     (RESULTS / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     (RESULTS / "results.md").write_text(_markdown(results, meta))
     print(_markdown(results, meta))
