@@ -38,6 +38,8 @@ class Config:
     scheduler_max_sleep: timedelta = timedelta(seconds=5)
     worker_max_sleep: timedelta = timedelta(seconds=5)
     reaper_max_sleep: timedelta = timedelta(seconds=5)
+    # Finished runs older than this are deleted (0 keeps them forever).
+    retention: timedelta = timedelta(days=30)
     log_level: str = "info"
     log_format: str = "auto"
     worker_id: str | None = None
@@ -160,6 +162,7 @@ _PARSERS: dict[str, Any] = {
     "scheduler_max_sleep": _duration,
     "worker_max_sleep": _duration,
     "reaper_max_sleep": _duration,
+    "retention": _duration,
     "log_level": lambda name, text: text.lower(),
     "log_format": lambda name, text: text.lower(),
     "worker_id": _str,

@@ -182,6 +182,12 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.runs_purged = Counter(
+            "runs_purged",
+            "Finished runs deleted by history retention",
+            namespace=ns,
+            registry=registry,
+        )
         self.scheduler_alive = Gauge(
             "scheduler_last_tick_timestamp_seconds",
             "Unix time of this process's last scheduler loop",

@@ -4,6 +4,7 @@ group, and turns SIGTERM into a two-phase stop (drain, then cancel)."""
 from __future__ import annotations
 
 import signal
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -19,6 +20,7 @@ from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.notifier import CRASH_AFTER_SEND_ENV, Notifier, build_senders
 from promptsched.roles.reaper import Reaper
+from promptsched.roles.retention import Retention
 from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
@@ -128,6 +130,9 @@ class Supervisor:
                 max_sleep=config.reaper_max_sleep,
             )
             await tg.start(reaper.run)
+            if config.retention > timedelta(0):
+                retention = Retention(pool, self.clock, self.metrics, retention=config.retention)
+                await tg.start(retention.run)
         if "api" in roles:
             # Every replica serving /metrics competes for the stats lock; only the holder reads
             # the queue gauges from the database (roles/stats.py).

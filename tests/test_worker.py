@@ -182,3 +182,24 @@ async def test_serial_runs_of_one_schedule_start_one_at_a_time(pool: asyncpg.Poo
         pool, clock.sql_now(), "echo", 10, "w2", timedelta(seconds=30)
     )
     assert again == []
+
+
+async def test_retention_purges_only_old_finished_runs(pool: asyncpg.Pool[Any]) -> None:
+    from promptsched.roles.retention import Retention
+
+    clock = FrozenClock(EPOCH)
+    sid = await factories.schedule(pool)
+    for days_ago, status in ((40, "succeeded"), (31, "dead"), (29, "succeeded"), (40, "pending")):
+        await pool.execute(
+            "INSERT INTO runs (schedule_id, slot, provider, max_attempts, status, finished_at) "
+            "VALUES ($1, $2::timestamptz, 'echo', 3, $3::text, "
+            "CASE WHEN $3::text = 'pending' THEN NULL ELSE $2::timestamptz END)",
+            sid,
+            EPOCH - timedelta(days=days_ago, minutes=len(status)),
+            status,
+        )
+    retention = Retention(pool, clock, Metrics(), retention=timedelta(days=30), batch=1)
+    assert [await retention.run_once() for _ in range(3)] == [1, 1, 0]
+    left = await pool.fetch("SELECT status FROM runs ORDER BY slot")
+    # The 29-day-old run and the unfinished one stay.
+    assert sorted(r["status"] for r in left) == ["pending", "succeeded"]

@@ -283,6 +283,22 @@ async def run_seconds_until_lease_expiry(
     return value
 
 
+# --- agent runs -----------------------------------------------------------------------------
+
+
+async def attempt_append_step(
+    db: DB, now: datetime | None, attempt_id: UUID, step: dict[str, Any], event: str
+) -> bool:
+    """False when the attempt is no longer running (nothing was written or published)."""
+    rows = await db.fetch(_Q["attempt_append_step"], now, attempt_id, step, event)
+    return bool(rows)
+
+
+async def run_get_status(db: DB, run_id: int, owner: str | None) -> str | None:
+    status: str | None = await db.fetchval(_Q["run_get_status"], run_id, owner)
+    return status
+
+
 # --- clock ----------------------------------------------------------------------------------
 
 
@@ -446,4 +462,22 @@ async def run_get_replay(db: DB, run_id: int) -> Record | None:
 
 async def outbox_insert_paused(db: DB, run_id: int, schedule_id: int, now: datetime | None) -> int:
     count: int = await db.fetchval(_Q["outbox_insert_paused"], run_id, schedule_id, now)
+    return count
+
+
+# --- console --------------------------------------------------------------------------------
+
+
+async def run_latest_finished_many(db: DB, schedule_ids: Sequence[int]) -> list[Record]:
+    return await db.fetch(_Q["run_latest_finished_many"], list(schedule_ids))
+
+
+async def run_dead_page(
+    db: DB, owner: str | None, before_id: int | None, limit: int
+) -> list[Record]:
+    return await db.fetch(_Q["run_dead_page"], owner, before_id, limit)
+
+
+async def run_purge_finished(db: DB, now: datetime | None, retention: timedelta, limit: int) -> int:
+    count: int = await db.fetchval(_Q["run_purge_finished"], now, retention, limit)
     return count

@@ -126,6 +126,7 @@ CREATE TABLE public.run_attempts (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
     error text,
+    transcript jsonb DEFAULT '[]'::jsonb NOT NULL,
     CONSTRAINT run_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
 );
 CREATE TABLE public.runs (

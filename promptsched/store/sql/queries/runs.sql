@@ -283,3 +283,17 @@ SELECT finished_at, output FROM runs
 WHERE schedule_id = $1 AND slot < $2 AND status = 'succeeded'
 ORDER BY slot DESC
 LIMIT 1;
+
+-- name: run_purge_finished
+-- History retention: delete finished runs (with their attempts and notifications) older than
+-- the retention, a bounded batch at a time, oldest first along runs_finished_idx.
+WITH old AS (
+    SELECT id FROM runs
+    WHERE finished_at IS NOT NULL AND finished_at < coalesce($1::timestamptz, now()) - $2::interval
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM runs r USING old WHERE r.id = old.id RETURNING r.id
+)
+SELECT count(*)::int FROM gone;
