@@ -202,10 +202,11 @@ class Scheduler:
         planned: int,
         plans: dict[int, policies.TickPlan],
     ) -> None:
+        logger = log.bind()  # resolve the lazy proxy once, not once per row
         for row in inserted:
             # One line per run created, bound to its ids: a skipped tick at info (a dropped
             # slot is news), an enqueued one at debug (a 9 o'clock rush writes thousands).
-            (log.debug if row["status"] == "pending" else log.info)(
+            (logger.debug if row["status"] == "pending" else logger.info)(
                 "run.enqueued" if row["status"] == "pending" else "run.skipped",
                 run_id=row["id"],
                 schedule_id=row["schedule_id"],
