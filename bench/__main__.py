@@ -49,6 +49,10 @@ async def _run_all(selected: set[str]) -> dict[str, Any]:
             from bench import w4_recovery
 
             results["w4"] = await w4_recovery.run(embedded, workdir)
+        if "w7" in selected:
+            from bench import w7_scale
+
+            results["w7"] = await w7_scale.run(embedded, workdir)
         if "w5" in selected:
             from bench import w5_footprint
 
