@@ -11,7 +11,7 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import service
-from promptsched.cli import common, runs, schedules, server, tokens
+from promptsched.cli import common, notifications, runs, schedules, server, tokens
 from promptsched.errors import PromptschedError, SchemaMismatch, ValidationError
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.register(sub)
     server.register_preview(sub)
     runs.register(sub)
+    notifications.register(sub)
     tokens.register(sub)
     return parser
 

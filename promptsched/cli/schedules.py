@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio
 import asyncpg
 
 from promptsched import config as configuration
@@ -16,6 +17,7 @@ from promptsched.cli.common import db_command, details, instant, table
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.store import queries
+from promptsched.tools.base import Catalog
 
 CLI_ACTOR = "cli"
 _COLUMNS = (
@@ -37,6 +39,21 @@ def _params(pairs: Sequence[str]) -> dict[str, str]:
             raise ValidationError("--param", f"expected KEY=VALUE, got {pair!r}")
         params[key] = value
     return params
+
+
+def _tool_catalog(config: configuration.Config, params: dict[str, str]) -> Catalog | None:
+    """This server's tools, asked for only when the schedule lists some (MCP servers are
+    started once to list theirs)."""
+    if "tools" not in params:
+        return None
+    from promptsched.tools import registry
+    from promptsched.tools.settings import parse_mcp_servers
+
+    tools = registry.ToolRegistry.from_settings(
+        allow_private=config.allow_private_webhooks,
+        mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
+    )
+    return anyio.run(registry.discover, tools)
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -66,6 +83,7 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
         providers=list(providers),
         provider_kinds={name: provider.kind for name, provider in providers.items()},
         allow_private_webhooks=config.allow_private_webhooks,
+        tools=_tool_catalog(config, raw["params"]),
     )
 
     async def main(conn: asyncpg.Connection[Any]) -> int:
