@@ -1,62 +1,77 @@
 """``make bench``: run the workloads on an embedded Postgres of their own and write the results
-table (Markdown and JSON) under bench/results/. Select workloads with ``BENCH_ONLY=w3,w6``."""
+table (Markdown and JSON) under bench/results/.
+
+``BENCH_ONLY=w1,w3`` picks workloads; ``BENCH_REPEAT`` (default 3) repeats the short ones
+(W1, W2, W6) and reports the median of each figure; ``BENCH_SCALE=large`` runs the rush with
+100,000 schedules and the scale check with 1,000,000 schedules and 10,000,000 runs.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, w3_precision, w6_fire_times
+from bench import common
 
 RESULTS = Path(__file__).resolve().parent / "results"
+WORKLOADS = {
+    "w1": "w1_claims",
+    "w2": "w2_rush",
+    "w3": "w3_precision",
+    "w4": "w4_recovery",
+    "w5": "w5_footprint",
+    "w6": "w6_fire_times",
+    "w7": "w7_scale",
+}
+REPEATED = {"w1", "w2", "w6"}
 
 
-def _selected() -> set[str]:
-    only = os.environ.get("BENCH_ONLY", "")
-    return {part.strip() for part in only.split(",") if part.strip()} or {
-        "w1",
-        "w2",
-        "w3",
-        "w4",
-        "w5",
-        "w6",
-    }
+def _selected() -> list[str]:
+    only = {part.strip() for part in os.environ.get("BENCH_ONLY", "").split(",") if part.strip()}
+    unknown = only - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(
+            f"BENCH_ONLY: unknown workloads {sorted(unknown)}; known: {list(WORKLOADS)}"
+        )
+    return [name for name in WORKLOADS if not only or name in only]
 
 
-async def _run_all(selected: set[str]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    if "w6" in selected:
-        results["w6"] = w6_fire_times.measure(float(os.environ.get("BENCH_W6_SECONDS", "3")))
+def _median(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [sample[key] for sample in samples]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        merged[key] = statistics.median(values) if numeric else values[0]
+    if len(samples) > 1:
+        merged["repetitions"] = len(samples)
+    return merged
+
+
+async def _one(name: str, embedded: Any, workdir: Path) -> dict[str, Any]:
+    module = importlib.import_module(f"bench.{WORKLOADS[name]}")
+    if name == "w6":
+        return dict(module.measure(float(os.environ.get("BENCH_W6_SECONDS", "3"))))
+    return dict(await module.run(embedded, workdir))
+
+
+async def _run_all(selected: list[str]) -> dict[str, Any]:
+    repeat = max(1, int(os.environ.get("BENCH_REPEAT", "3")))
     workdir = Path(tempfile.mkdtemp(prefix="psb-logs-"))
+    results: dict[str, Any] = {}
     with common.server() as embedded:
-        if "w1" in selected:
-            from bench import w1_claims
-
-            results["w1"] = await w1_claims.run(embedded, workdir)
-        if "w2" in selected:
-            from bench import w2_rush
-
-            results["w2"] = await w2_rush.run(embedded, workdir)
-        if "w3" in selected:
-            results["w3"] = await w3_precision.run(embedded, workdir)
-        if "w4" in selected:
-            from bench import w4_recovery
-
-            results["w4"] = await w4_recovery.run(embedded, workdir)
-        if "w7" in selected:
-            from bench import w7_scale
-
-            results["w7"] = await w7_scale.run(embedded, workdir)
-        if "w5" in selected:
-            from bench import w5_footprint
-
-            results["w5"] = await w5_footprint.run(embedded, workdir)
+        for name in selected:
+            times = repeat if name in REPEATED else 1
+            samples = [await _one(name, embedded, workdir) for _ in range(times)]
+            results[name] = _median(samples)
+            print(f"{name}: done ({times}x)", flush=True)
     return results
 
 
@@ -64,8 +79,9 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         f"# promptsched benchmark results ({meta['date']})",
         "",
-        f"Machine: {meta['machine']}, {meta['cpus']} CPUs. Absolute figures drift on a "
-        "shared machine; compare the ratios to the bare-SQL baselines.",
+        f"Machine: {meta['machine']}, {meta['cpus']} CPUs. Absolute figures drift on a shared "
+        "machine; compare the ratios to the bare-SQL baselines measured in the same run. "
+        "Figures of repeated workloads are medians.",
         "",
     ]
     for workload, figures in results.items():
