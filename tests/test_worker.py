@@ -203,3 +203,18 @@ async def test_retention_purges_only_old_finished_runs(pool: asyncpg.Pool[Any]) 
     left = await pool.fetch("SELECT status FROM runs ORDER BY slot")
     # The 29-day-old run and the unfinished one stay.
     assert sorted(r["status"] for r in left) == ["pending", "succeeded"]
+
+
+async def test_a_cancel_requested_run_whose_worker_died_ends_cancelled(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = FrozenClock(EPOCH)
+    rid = await factories.pending_run(pool, await factories.schedule(pool, max_attempts=5))
+    await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
+    await pool.execute("UPDATE runs SET cancel_requested = true WHERE id = $1", rid)
+    clock.advance(timedelta(seconds=31))
+    counts = await Reaper(pool, clock, Metrics(), deadline_grace=timedelta(seconds=30)).run_once()
+    assert counts["cancelled"] == 1
+    run = await _run(pool, rid)
+    assert (run["status"], run["cancel_requested"]) == ("cancelled", False)
+    assert run["finished_at"] == clock.instant

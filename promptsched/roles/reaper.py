@@ -49,9 +49,11 @@ class Reaper:
                 self.pool, self.clock.sql_now(), self.batch, self.deadline_grace
             )
             for row in rows:
-                outcome = "dead" if row["status"] == "dead" else "retry"
+                outcome = {"dead": "dead", "cancelled": "cancelled"}.get(row["status"], "retry")
                 counts[row["status"]] += 1
                 self.metrics.leases_reaped.labels(outcome).inc()
+                if outcome == "cancelled":
+                    self.metrics.runs_finished.labels("cancelled").inc()
                 if outcome == "dead":
                     self.metrics.runs_finished.labels("dead").inc()
                     self.metrics.dead_letters.labels(row["provider"]).inc()

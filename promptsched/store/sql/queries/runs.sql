@@ -182,12 +182,17 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE runs r
-    SET status = CASE WHEN r.attempts - r.releases >= r.max_attempts THEN 'dead'
+    -- A run asked to cancel whose worker died ends cancelled, as its worker would have.
+    SET status = CASE WHEN r.cancel_requested THEN 'cancelled'
+                      WHEN r.attempts - r.releases >= r.max_attempts THEN 'dead'
                       ELSE 'pending' END,
-        error = CASE WHEN e.lease_lost THEN 'lease expired: the worker was lost'
+        error = CASE WHEN r.cancel_requested THEN 'cancelled; its worker was lost'
+                     WHEN e.lease_lost THEN 'lease expired: the worker was lost'
                      ELSE 'timed out: the worker did not stop the attempt' END,
-        finished_at = CASE WHEN r.attempts - r.releases >= r.max_attempts
+        finished_at = CASE WHEN r.cancel_requested
+                             OR r.attempts - r.releases >= r.max_attempts
                            THEN coalesce($1::timestamptz, now()) END,
+        cancel_requested = false,
         available_at = coalesce($1::timestamptz, now()),
         attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL
     FROM expired e
