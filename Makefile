@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The console's browser tests drive Debian's chromium + chromedriver (tests/browser_support.py).
+CHROMIUM     ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+SUDO         := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# `make test` installs them first where apt-get exists; elsewhere those tests fail saying what
+# to install (or leave them out with PYTEST_ARGS='-m "not browser"').
+BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
 
-.PHONY: install run test test-fast lint bench chaos clean
+.PHONY: install run test test-fast lint bench chaos clean browser-deps
 
 install: $(STAMP)
 
@@ -17,8 +24,18 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/promptsched run $(ARGS)
 
-test: install
+test: install $(BROWSER_DEPS)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+browser-deps:
+	@if [ -x $(CHROMIUM) ] && [ -x $(CHROMEDRIVER) ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser-deps: no apt-get here: install Chromium and chromedriver and set" \
+	       "PROMPTSCHED_CHROMIUM / PROMPTSCHED_CHROMEDRIVER (docs/console.md)" >&2; exit 1; \
+	fi; \
+	echo "installing chromium and chromium-driver for the console's browser tests"; \
+	$(SUDO) apt-get update -q && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
 test-fast: install
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
@@ -30,6 +47,11 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench $(ARGS)
+
+# A few minutes of faults against three replicas, then the invariant table (tests/chaos).
+# Size with CHAOS_SECONDS, CHAOS_SCHEDULES, CHAOS_PROCESSES; replay a failure with CHAOS_SEED.
+chaos: install
+	$(BIN)/python -m tests.chaos
 
 clean:
 	rm -rf $(VENV) .promptsched .pytest_cache .mypy_cache .ruff_cache

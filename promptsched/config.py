@@ -58,7 +58,10 @@ class Config:
     notifier_timeout: timedelta = timedelta(seconds=30)
     notifier_batch: int = 20
     notifier_max_sleep: timedelta = timedelta(seconds=5)
+    # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
+    mcp_servers: str | None = None
     providers_raw: Mapping[str, Any] = field(default_factory=dict)
+    mcp_raw: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def validate(self) -> Config:
@@ -180,6 +183,7 @@ _PARSERS: dict[str, Any] = {
     "notifier_timeout": _duration,
     "notifier_batch": _int,
     "notifier_max_sleep": _duration,
+    "mcp_servers": _str,
 }
 
 SETTINGS = tuple(_PARSERS)
@@ -205,7 +209,7 @@ def load(
         for key, value in toml.items():
             if key in _PARSERS:
                 values[key] = _PARSERS[key](f"{config_file}: {key}", str(value))
-            elif key != "providers":
+            elif key not in ("providers", "mcp"):
                 raise ConfigError(f"{config_file}: {key}", f"unknown setting (known: {SETTINGS})")
     for setting, parser in _PARSERS.items():
         text = env.get(env_name(setting))
@@ -216,4 +220,6 @@ def load(
             values[setting] = _PARSERS[setting](f"--{setting.replace('_', '-')}", str(text))
     known = {f.name for f in fields(Config)}
     config = Config(**{k: v for k, v in values.items() if k in known})
-    return replace(config, providers_raw=toml.get("providers", {}), env=env).validate()
+    return replace(
+        config, providers_raw=toml.get("providers", {}), mcp_raw=toml.get("mcp", {}), env=env
+    ).validate()

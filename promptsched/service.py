@@ -14,10 +14,11 @@ from promptsched import notify_targets
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
-from promptsched.executors import openai, template
+from promptsched.executors import budget, openai, template
 from promptsched.schedule import fire_times, overlap, spec
 from promptsched.store import queries
 from promptsched.store.pool import Conn
+from promptsched.tools.base import Catalog
 
 EDITABLE = frozenset({
     "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
@@ -132,11 +133,13 @@ def validate(
     provider_kinds: Mapping[str, str] | None = None,
     allow_private_webhooks: bool = False,
     current_notify: Mapping[str, Any] | None = None,
+    tools: Catalog | None = None,
 ) -> ScheduleInput:
     """Turn user input into a checked ScheduleInput, or raise naming the first bad field.
 
     ``provider_kinds`` (provider name -> kind) enables the kind-specific checks of params,
-    e.g. an ``openai`` provider's generation params.
+    e.g. an ``openai`` provider's generation params. ``tools`` (this server's tool catalog)
+    enables the check that an agent schedule's ``params.tools`` exist and may be used.
     """
     name = _text(raw, "name", limit=MAX_NAME)
     kind, expression = _kind_and_expression(raw)
@@ -181,16 +184,25 @@ def validate(
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
     values.spec()  # raises naming expression / timezone
-    _check_provider_params(values, provider_kinds or {})
+    _check_provider_params(values, provider_kinds or {}, tools)
     return values
 
 
-def _check_provider_params(values: ScheduleInput, provider_kinds: Mapping[str, str]) -> None:
+def _check_provider_params(
+    values: ScheduleInput, provider_kinds: Mapping[str, str], tools: Catalog | None
+) -> None:
     """Params that would fail every attempt fail at save time instead: an ``openai``
-    provider's generation params, and the tags of a ``system`` prompt (the worker renders it
-    with the prompt's context)."""
-    if provider_kinds.get(values.provider) == "openai":
+    provider's generation params and agent params (its tools exist here and are allowed),
+    and the tags of a ``system`` prompt (the worker renders it with the prompt's context)."""
+    kind = provider_kinds.get(values.provider)
+    if kind == "openai":
         openai.validate_params(values.params)
+    if budget.is_agent_run(values.params) and kind != "webhook":  # webhook params are opaque
+        if kind not in (None, "openai"):
+            raise ValidationError(
+                f"params.{budget.TOOLS}", "tools and agent budgets need an openai-kind provider"
+            )
+        budget.validate(values.params, tools)
     system = values.params.get(openai.SYSTEM_PARAM)
     if isinstance(system, str):
         template.validate(system, field=f"params.{openai.SYSTEM_PARAM}")
@@ -264,6 +276,7 @@ async def update_schedule(
     provider_kinds: Mapping[str, str] | None = None,
     allow_private_webhooks: bool = False,
     expected_version: int | None = None,
+    tools: Catalog | None = None,
 ) -> asyncpg.Record:
     """Apply a partial update. A new expression or zone takes effect from the next slot: slots
     already enqueued are not enqueued again, and a slot due now is not lost."""
@@ -287,6 +300,7 @@ async def update_schedule(
             provider_kinds=provider_kinds,
             allow_private_webhooks=allow_private_webhooks,
             current_notify=row["notify"],
+            tools=tools,
         )
         cursor = row["next_fire_at"]
         timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")

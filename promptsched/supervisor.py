@@ -4,6 +4,7 @@ group, and turns SIGTERM into a two-phase stop (drain, then cancel)."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from promptsched.api import app as api_app
+from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.config import Config
 from promptsched.executors.settings import build_registry, parse_providers
@@ -26,6 +28,8 @@ from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
 from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
+from promptsched.tools.registry import ToolRegistry
+from promptsched.tools.settings import parse_mcp_servers
 
 log = structlog.get_logger("supervisor")
 
@@ -40,13 +44,18 @@ class Supervisor:
         self.worker: WorkerPool | None = None
         self.api: api_app.ApiServer | None = None
         self.provider_kinds: dict[str, str] = {}
+        self.progress = ProgressHub()
 
     async def run(self) -> None:
         config = self.config
         pool = await pools.create_pool(self.dsn, max_size=max(4, min(config.workers + 4, 40)))
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
-        registry, limiters = build_registry(settings)
+        self.tools = ToolRegistry.from_settings(
+            allow_private=config.allow_private_webhooks,
+            mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
+        )
+        registry, limiters = build_registry(settings, self.tools)
         try:
             async with pool.acquire() as conn:
                 applied = await migrate.apply(conn)
@@ -71,6 +80,7 @@ class Supervisor:
         finally:
             with anyio.CancelScope(shield=True):
                 await registry.aclose()
+                await self.tools.aclose()
                 await pool.close()
             log.info("supervisor.stopped")
 
@@ -82,7 +92,7 @@ class Supervisor:
         self, tg: TaskGroup, pool: asyncpg.Pool[Any], registry: Any, limiters: Any
     ) -> None:
         config, roles = self.config, set(self.config.roles)
-        handlers = {}
+        handlers: dict[str, Callable[[str | None], None]] = {}
         if "scheduler" in roles:
             scheduler = Scheduler(
                 pool,
@@ -113,6 +123,10 @@ class Supervisor:
         notifier = self._notifier(pool) if "notifier" in roles else None
         if notifier is not None:
             handlers[listen.CHANNEL_OUTBOX] = notifier.notify
+        if "api" in roles:
+            handlers[listen.CHANNEL_PROGRESS] = self.progress.on_notify
+        if roles & {"worker", "api"}:
+            await tg.start(self.tools.run)  # MCP servers connected before runs or checks use them
         if handlers:
             await tg.start(listen.Listener(self.dsn, handlers).run)
         if "scheduler" in roles:
@@ -145,6 +159,8 @@ class Supervisor:
                 providers=registry.names(),
                 provider_kinds=self.provider_kinds,
                 allow_private_webhooks=config.allow_private_webhooks,
+                tools=self.tools.catalog,
+                progress=self.progress,
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

@@ -125,6 +125,7 @@ MATRIX = [
     ("GET", "/v1/runs/{id}", "run", None, 200),
     ("POST", "/v1/runs/{id}/cancel", "run", None, 200),
     ("POST", "/v1/runs/{id}/replay", "dead", None, 201),
+    ("GET", "/v1/runs/{id}/events", "dead", None, 200),  # a final run: the stream ends
     ("POST", "/v1/notifications/{id}/replay", "notification", None, 200),
 ]
 

@@ -16,11 +16,22 @@ from anyio.abc import TaskStatus
 
 from promptsched import service
 from promptsched.api import openapi
-from promptsched.api.handlers import controls, explain, meta, notifications, runs, schedules
+from promptsched.api.handlers import (
+    controls,
+    events,
+    explain,
+    meta,
+    notifications,
+    runs,
+    schedules,
+)
 from promptsched.api.http import DEPS, ApiError, Deps, Operation, endpoint
+from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
+from promptsched.console import routes as console
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
+from promptsched.tools.base import Catalog
 
 log = structlog.get_logger("api")
 
@@ -39,6 +50,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *controls.OPERATIONS,
     *explain.OPERATIONS,
     *runs.OPERATIONS,
+    *events.OPERATIONS,
     *notifications.OPERATIONS,
     *meta.OPERATIONS,
 )
@@ -119,7 +131,11 @@ def build(
     providers: Collection[str] = ("echo",),
     provider_kinds: Mapping[str, str] | None = None,
     allow_private_webhooks: bool = False,
+    tools: Callable[[], Catalog] | None = None,
+    progress: ProgressHub | None = None,
 ) -> web.Application:
+    """``tools`` gives the server's tool catalog (agent schedules are checked against it);
+    ``progress`` is the hub the process's listener feeds (run event streams read it)."""
     ops = OPERATIONS
     deps = Deps(
         pool=pool,
@@ -130,11 +146,14 @@ def build(
         provider_kinds=dict(provider_kinds or {}),
         allow_private_webhooks=allow_private_webhooks,
         document=openapi.document(ops),
+        tools=tools,
+        progress=progress or ProgressHub(),
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps
     for op in ops:
         app.router.add_route(op.method, op.path, endpoint(op, deps))
+    console.mount(app)  # the operator console: pages under / outside the API's paths
     return app
 
 

@@ -81,8 +81,13 @@ def bearer(request: web.Request) -> str | None:
 
 async def authenticate(request: web.Request, db: queries.DB, clock: Clock) -> Principal | None:
     """The principal of the request's token; None when it is missing, unknown or revoked."""
-    token = bearer(request)
-    if token is None:
+    return await authenticate_token(bearer(request), db, clock)
+
+
+async def authenticate_token(token: str | None, db: queries.DB, clock: Clock) -> Principal | None:
+    """The principal of a token however it came (a bearer header, the console's session
+    cookie); None when it is missing, malformed, unknown or revoked."""
+    if token is None or not _SHAPE.match(token):
         return None
     row: Any = await queries.token_authenticate(db, token_hash(token), clock.sql_now())
     if row is None:

@@ -13,9 +13,11 @@ import asyncpg
 from aiohttp import web
 
 from promptsched.api import auth, schemas, validate
+from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
+from promptsched.tools.base import Catalog
 
 
 class ApiError(Exception):
@@ -50,6 +52,11 @@ class Deps:
     provider_kinds: dict[str, str] = field(default_factory=dict)
     allow_private_webhooks: bool = False
     document: dict[str, Any] = field(default_factory=dict)
+    tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
+    progress: ProgressHub = field(default_factory=ProgressHub)
+
+    def tool_catalog(self) -> Catalog | None:
+        return self.tools() if self.tools is not None else None
 
 
 DEPS: web.AppKey[Deps] = web.AppKey("deps", Deps)

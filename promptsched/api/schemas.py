@@ -138,9 +138,18 @@ _ATTEMPT = _obj(
         "started_at": TIME,
         "finished_at": nullable(TIME),
         "error": {"type": ["string", "null"]},
+        "transcript": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "an agent attempt's steps as they happened: start (the messages "
+            "sent), model (a reply: content, tool_calls, usage, ms), tool_call (tool, "
+            "arguments), tool_result (result truncated, error, ms); each with kind, step, "
+            "tokens (the attempt's total so far), text and at. Empty for other runs.",
+        },
     },
-    ("attempt_id", "number", "worker_id", "status", "started_at", "finished_at", "error"),
-)
+    ("attempt_id", "number", "worker_id", "status", "started_at", "finished_at", "error",
+     "transcript"),
+)  # fmt: skip
 _RUN_DETAIL: dict[str, Schema] = {
     **_RUN,
     "provider": {"type": "string"},

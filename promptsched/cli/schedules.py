@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 import asyncpg
+import structlog
 
 from promptsched import config as configuration
 from promptsched import service
@@ -53,7 +56,16 @@ def _tool_catalog(config: configuration.Config, params: dict[str, str]) -> Catal
         allow_private=config.allow_private_webhooks,
         mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
     )
-    return anyio.run(registry.discover, tools)
+    previous = structlog.get_config()
+    # A server that fails says so on stderr: stdout carries the command's (JSON) output.
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+    try:
+        return anyio.run(registry.discover, tools)
+    finally:
+        structlog.configure(**previous)
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:

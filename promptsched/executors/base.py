@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -12,8 +12,34 @@ from promptsched.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
+class Step:
+    """One thing an attempt did, reported as it happens (an agent run's transcript entry and
+    live progress event).
+
+    ``kind`` is ``start`` (the conversation sent), ``model`` (a reply), ``tool_call`` (a call
+    about to run) or ``tool_result`` (how it ended). ``number`` is the model turn it belongs to
+    (0 for ``start``), ``tokens`` the attempt's total so far, ``text`` one line for people, and
+    ``detail`` the rest of the transcript entry (JSON-ready, already truncated).
+    """
+
+    kind: str
+    number: int
+    max_steps: int
+    tokens: int
+    text: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+Progress = Callable[[Step], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutionRequest:
-    """Everything an executor may use for one attempt. Every attempt is a fresh conversation."""
+    """Everything an executor may use for one attempt. Every attempt is a fresh conversation.
+
+    ``timeout`` is the attempt's wall time in seconds (the schedule's timeout; the worker
+    enforces it), ``progress`` receives the steps of a multi-step (agent) attempt.
+    """
 
     run_id: int
     schedule_id: int
@@ -25,6 +51,8 @@ class ExecutionRequest:
     prompt: str
     model: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)

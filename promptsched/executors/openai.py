@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import classify
+from promptsched.executors import agent, classify
+from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """The request body's generation fields from a schedule's params (``system`` excluded).
 
     Raises ``ValidationError`` naming ``params.KEY`` for an unknown key or a bad value, so the
-    API can reject it when the schedule is saved.
+    API can reject it when the schedule is saved. The agent params (``tools``, budgets) are
+    the tool loop's (``budget.py``), not the request's.
     """
     body: dict[str, Any] = {}
     for key, value in params.items():
@@ -77,9 +79,11 @@ def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
             if not isinstance(value, str):
                 raise ValidationError(f"params.{key}", "must be a string")
             continue
+        if key in budgets.AGENT_PARAMS:
+            continue
         convert = GENERATION_PARAMS.get(key)
         if convert is None:
-            known = ", ".join([SYSTEM_PARAM, *GENERATION_PARAMS])
+            known = ", ".join([SYSTEM_PARAM, *GENERATION_PARAMS, *budgets.AGENT_PARAMS])
             raise ValidationError(f"params.{key}", f"unknown parameter; known: {known}")
         try:
             body[key] = convert(value)
@@ -146,11 +150,12 @@ class OpenAIExecutor:
     """POSTs ``{base_url}/chat/completions``; one ``aiohttp`` session per provider, opened on
     first use and closed by ``aclose``. Errors never contain the API key."""
 
-    def __init__(self, settings: ProviderSettings) -> None:
+    def __init__(self, settings: ProviderSettings, tools: agent.ToolSource | None = None) -> None:
         if not settings.base_url:
             raise ValueError(f"provider {settings.name!r} has no base_url")
         self.name = settings.name
         self._settings = settings
+        self._tools = tools
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
         self._http: aiohttp.ClientSession | None = None
 
@@ -198,13 +203,14 @@ class OpenAIExecutor:
         except ValidationError as exc:
             raise PermanentError(f"{self.name}: {exc}") from None
         messages = build_messages(request.prompt, request.params)
+        if budgets.is_agent_run(request.params):
+            return await agent.run(
+                self.chat_completion, request, provider=self.name, model=model, params=params,
+                messages=messages, tools=self._tools,
+            )  # fmt: skip
         reply = await self.chat_completion(messages, model=model, params=params)
-        if reply.content is None:
-            refusal = reply.message.get("refusal")
-            if isinstance(refusal, str) and refusal:
-                raise PermanentError(f"{self.name}: the model refused: {refusal[:300]}")
-            raise classify.invalid_response(self.name, "choices[0].message.content is empty")
-        return ExecutionResult(output=reply.content, usage=reply.usage or None)
+        output = agent.answer_text(reply, self.name)
+        return ExecutionResult(output=output, usage=reply.usage or None)
 
     async def aclose(self) -> None:
         if self._http is not None:

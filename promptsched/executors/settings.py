@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError, ValidationError
-from promptsched.executors import echo, openai, webhook
+from promptsched.executors import agent, echo, openai, webhook
 from promptsched.executors.base import Executor, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.secret import Secret
@@ -318,10 +318,11 @@ def _headers(item: _Value | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-def build_executor(settings: ProviderSettings) -> Executor:
-    """The executor for one provider (its HTTP session opens lazily on first use)."""
+def build_executor(settings: ProviderSettings, tools: agent.ToolSource | None = None) -> Executor:
+    """The executor for one provider (its HTTP session opens lazily on first use); ``openai``
+    ones run agent schedules with ``tools``."""
     if settings.kind == "openai":
-        return openai.OpenAIExecutor(settings)
+        return openai.OpenAIExecutor(settings, tools)
     if settings.kind == "webhook":
         return webhook.WebhookExecutor(settings)
     executor = echo.EchoExecutor()
@@ -330,10 +331,10 @@ def build_executor(settings: ProviderSettings) -> Executor:
 
 
 def build_registry(
-    settings: Mapping[str, ProviderSettings],
+    settings: Mapping[str, ProviderSettings], tools: agent.ToolSource | None = None
 ) -> tuple[Registry, dict[str, Limiter]]:
     """The registry of executors and one ``Limiter`` per provider, for one process."""
-    executors = {name: build_executor(provider) for name, provider in settings.items()}
+    executors = {name: build_executor(provider, tools) for name, provider in settings.items()}
     limiters = {
         name: Limiter(provider.max_concurrency, provider.rate_per_second)
         for name, provider in settings.items()

@@ -36,6 +36,9 @@ class InFlight:
     fenced: bool = False
     cancel_requested: bool = False
     released: bool = False
+    # Its final write is on the way: that write's own guard decides, so a heartbeat that finds
+    # the row moved on (by this very write) must not count it as fenced.
+    finishing: bool = False
 
 
 class Heartbeat:
@@ -76,6 +79,8 @@ class Heartbeat:
             if self.inflight.get(attempt.run_id) is not attempt:
                 continue  # finished while the heartbeat was in flight
             if attempt.run_id not in renewed:
+                if attempt.finishing:
+                    continue  # most likely our own finish landed first; it learns either way
                 stopped += 1
                 self.fence(attempt, "lease_lost")
             elif renewed[attempt.run_id] and not attempt.cancel_requested:
@@ -115,10 +120,13 @@ class Heartbeat:
         while True:
             await anyio.sleep(self.interval.total_seconds())
             try:
-                await self.run_once()
+                # Bounded by the lease: a database that hangs (a partition dropping packets)
+                # is as unreachable as one that refuses, not a 60s command timeout later.
+                with anyio.fail_after(self.lease.total_seconds()):
+                    await self.run_once()
                 failures = 0
                 last_ok = time.monotonic()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except Exception as exc:  # any failure (asyncpg raises more than PostgresError)
                 # Keep trying: the lease is still ours until it expires. The reaper on another
                 # replica decides when it is gone; our next successful heartbeat learns it.
                 failures += 1
@@ -128,4 +136,5 @@ class Heartbeat:
                     # Our leases have expired by now: whatever we write will be fenced, and
                     # another replica may already run these attempts. Stop them cleanly.
                     for attempt in list(self.inflight.values()):
-                        self.fence(attempt, "heartbeat_unreachable")
+                        if not attempt.finishing:  # a finish in flight is guarded by itself
+                            self.fence(attempt, "heartbeat_unreachable")

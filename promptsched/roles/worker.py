@@ -31,6 +31,7 @@ from promptsched.roles import autopause
 from promptsched.roles.finalizer import Finalizer
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
+from promptsched.roles.transcript import AttemptLog
 from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
 
@@ -225,6 +226,9 @@ class WorkerPool:
             prompt, params = await self._render(row)
         except ValidationError as exc:
             return PermanentError(f"bad prompt template: {exc}")
+        except Exception as exc:  # the database failed mid-read (asyncpg raises more than
+            # PostgresError when a connection dies): this attempt fails, the worker lives on
+            return RetryableError(f"could not read the run's context: {exc!r}")
         request = ExecutionRequest(
             run_id=row["id"],
             schedule_id=row["schedule_id"],
@@ -236,7 +240,12 @@ class WorkerPool:
             prompt=prompt,
             model=row["model"],
             params=params,
-        )
+            timeout=row["timeout_seconds"],
+            progress=AttemptLog(
+                self.pool, self.clock, self.metrics,
+                run_id=row["id"], attempt_id=row["attempt_id"], attempt=row["attempts"],
+            ).record,
+        )  # fmt: skip
         timeout = row["timeout_seconds"]
         try:
             with anyio.fail_after(timeout):
@@ -317,18 +326,30 @@ class WorkerPool:
     async def _finish(
         self, attempt: InFlight, row: asyncpg.Record, bound: Any, **fields: Any
     ) -> None:
+        attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
         # Shielded: a shutdown must not cut the final write in half.
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            landed = await self.finalizer.finish(
-                queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
-            )
+            try:
+                landed = await self.finalizer.finish(
+                    queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
+                )
+            except Exception as exc:  # the database is unreachable: never take the pool down
+                # Whether the write landed is unknown. If not, the run keeps our lease until it
+                # expires (this attempt no longer heartbeats) and the reaper decides.
+                self.metrics.role_errors.labels("worker").inc()
+                bound.warning("attempt.finalize_failed", status=fields["status"], error=repr(exc))
+                return
             if landed:
                 if fields["status"] != "pending":
                     self.metrics.runs_finished.labels(fields["status"]).inc()
                 if fields["status"] == "dead":
-                    await autopause.check(
-                        self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
-                    )
+                    try:
+                        await autopause.check(
+                            self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
+                        )
+                    except Exception as exc:  # the run is dead already; its next death checks
+                        self.metrics.role_errors.labels("worker").inc()
+                        bound.warning("autopause.check_failed", error=repr(exc))
                 bound.info(
                     f"run.{fields['status']}",
                     attempt=row["attempts"],
@@ -364,7 +385,8 @@ class WorkerPool:
                     self._blocked_backoff = 0.0
                 delay = 0.0 if started else await self.seconds_until_work()
                 failures = 0
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except Exception as exc:  # asyncpg raises more than PostgresError on a dying
+                # connection (InternalClientError after a server shutdown); never crash the pool
                 failures += 1
                 self.metrics.role_errors.labels("worker").inc()
                 delay = min(10.0, 0.1 * 2 ** min(failures, 10))

@@ -41,7 +41,7 @@ class Listener:
             lost = anyio.Event()
             try:
                 conn = await pools.connect(self.dsn, application_name="promptsched-listen")
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            except Exception as exc:  # asyncpg raises more than PostgresError mid-handshake
                 failures += 1
                 log.warning("listen.connect_failed", error=repr(exc), failures=failures)
                 if not started:
@@ -62,11 +62,18 @@ class Listener:
                     started = True
                     task_status.started()
                 await self._watch(conn, lost)
+            except Exception as exc:  # the connection died while subscribing: start over
+                if not started:
+                    raise
+                failures += 1
+                log.warning("listen.subscribe_failed", error=repr(exc), failures=failures)
             finally:
                 self.connected = False
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await conn.close()
+                    await _close(conn)
             failures += 1
+            if failures > 1:  # lost again right after (re)connecting: do not spin
+                await anyio.sleep(min(5.0, 0.2 * 2 ** min(failures, 5)))
 
     async def _watch(self, conn: asyncpg.Connection[Any], lost: anyio.Event) -> None:
         # A silent network cut would never fire the termination listener: probe now and then.
@@ -78,6 +85,14 @@ class Listener:
             try:
                 with anyio.fail_after(5):
                     await conn.execute("SELECT 1")
-            except (OSError, asyncpg.PostgresError, TimeoutError, asyncpg.InterfaceError):
+            except Exception:  # whatever asyncpg raises, the session is gone
                 break
         log.warning("listen.connection_lost")
+
+
+async def _close(conn: asyncpg.Connection[Any]) -> None:
+    """Close politely; a connection that died already is only torn down."""
+    try:
+        await conn.close()
+    except Exception:
+        conn.terminate()

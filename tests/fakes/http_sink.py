@@ -20,6 +20,7 @@ class SinkRequest:
     path: str
     headers: Mapping[str, str]
     body: bytes
+    status: int = 0  # what the sink answered
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -37,6 +38,8 @@ class HttpSink:
     base_url: str = ""
     requests: list[SinkRequest] = field(default_factory=list)
     default: Reply = field(default_factory=Reply)
+    # Chooses the reply of each request not scripted (e.g. random failures); else ``default``.
+    responder: Callable[[], Reply] | None = None
     _script: deque[Reply] = field(default_factory=deque)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -58,10 +61,15 @@ class HttpSink:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
-        self.requests.append(SinkRequest(request.method, request.path, dict(request.headers), body))
+        if self._script:
+            reply = self._script.popleft()
+        else:
+            reply = self.responder() if self.responder is not None else self.default
+        self.requests.append(
+            SinkRequest(request.method, request.path, dict(request.headers), body, reply.status)
+        )
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-        reply = self._script.popleft() if self._script else self.default
         return web.Response(status=reply.status, headers=dict(reply.headers), text=reply.body)
 
 

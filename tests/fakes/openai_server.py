@@ -19,7 +19,9 @@ from typing import Any, Literal
 import anyio
 from aiohttp import web
 
-Kind = Literal["ok", "slow", "hang", "status", "malformed", "drop", "gather", "echo_auth"]
+Kind = Literal[
+    "ok", "slow", "hang", "status", "malformed", "drop", "gather", "echo_auth", "tool_calls"
+]
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 DEFAULT_USAGE: Mapping[str, int] = MappingProxyType(
     {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
@@ -36,11 +38,23 @@ class Behaviour:
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     body: str | None = None
     group: int = 0
+    calls: tuple[tuple[str, str], ...] = ()  # (function name, arguments JSON) per tool call
 
 
 def ok(content: str = "hello from the fake", usage: Mapping[str, int] = DEFAULT_USAGE) -> Behaviour:
     """200 with a chat completion (on ``/chat/completions``) or ``{"output": ...}`` elsewhere."""
     return Behaviour("ok", content=content, usage=usage)
+
+
+def tool_calls(
+    *calls: tuple[str, Mapping[str, Any] | str], usage: Mapping[str, int] = DEFAULT_USAGE
+) -> Behaviour:
+    """200 with an assistant message that asks for these tool calls (``content`` null,
+    ``finish_reason`` ``tool_calls``), as the OpenAI tools protocol does."""
+    encoded = tuple(
+        (name, args if isinstance(args, str) else json.dumps(args)) for name, args in calls
+    )
+    return Behaviour("tool_calls", usage=usage, calls=encoded)
 
 
 def reply(body: str, *, status: int = 200, content_type: str = "application/json") -> Behaviour:
@@ -194,6 +208,15 @@ def _ok_body(path: str, behaviour: Behaviour, request_json: Any) -> dict[str, An
     if not path.endswith("/chat/completions"):
         return {"output": behaviour.content, "usage": dict(behaviour.usage)}
     model = request_json.get("model") if isinstance(request_json, dict) else None
+    message: dict[str, Any] = {"role": "assistant", "content": behaviour.content}
+    finish_reason = "stop"
+    if behaviour.kind == "tool_calls":
+        message["content"] = None
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(behaviour.calls, 1)
+        ]
+        finish_reason = "tool_calls"
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -201,8 +224,8 @@ def _ok_body(path: str, behaviour: Behaviour, request_json: Any) -> dict[str, An
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": behaviour.content},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": finish_reason,
             }
         ],
         "usage": dict(behaviour.usage),

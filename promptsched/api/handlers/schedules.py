@@ -36,6 +36,7 @@ async def create(call: Call) -> web.StreamResponse:
         providers=deps.providers,
         provider_kinds=deps.provider_kinds,
         allow_private_webhooks=deps.allow_private_webhooks,
+        tools=deps.tool_catalog(),
     )
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await service.create_schedule(
@@ -96,6 +97,7 @@ async def patch(call: Call) -> web.StreamResponse:
                 provider_kinds=deps.provider_kinds,
                 allow_private_webhooks=deps.allow_private_webhooks,
                 expected_version=expected,
+                tools=deps.tool_catalog(),
             )
     except service.VersionConflict as exc:
         if header_version is not None:

@@ -1,0 +1,158 @@
+"""The HTML of the create/edit form and of its preview panel (whose element ids the script
+fills in as you type)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import cache
+from zoneinfo import ZoneInfo, available_timezones
+
+from promptsched.console import layout, timefmt
+from promptsched.console.context import Ctx
+from promptsched.console.html import Markup, Template, attrs, join
+from promptsched.errors import ValidationError
+
+LABELS = {
+    "name": "Name", "kind": "Kind", "expression": "Schedule", "timezone": "Time zone",
+    "prompt": "Prompt", "provider": "Provider", "model": "Model (optional)",
+    "params": "Params (JSON object, optional)", "misfire": "Misfire policy",
+    "overlap": "Overlap policy", "max_attempts": "Max attempts", "timeout": "Timeout",
+}  # fmt: skip
+HINTS = {
+    "expression": "cron (0 9 * * 1-5; 6 fields = seconds first), @daily, every 15m, "
+    "at 2026-12-01T09:00, or an RRULE",
+    "timezone": "IANA name; fire times are computed in it",
+    "prompt": "{{ date }}, {{ slot }} and other tags are filled in at run time",
+    "params": 'for echo: {"latency": "2s", "fail_attempts": 1}',
+    "timeout": "per attempt: 30s, 5m, 1h",
+}
+# Which form field a validation error belongs to, when the error names another.
+_ALIASES = {"schedule": "expression", "cron": "expression", "rrule": "expression",
+            "at": "expression", "every": "expression", "misfire_grace": "misfire"}  # fmt: skip
+
+_FORM = Template("""<form method="post" action="$action" class="schedule-form" \
+id="schedule-form">
+<input type="hidden" name="csrf" value="$csrf">$version
+$notice<div class="form-columns">
+<div class="fields">
+$fields
+</div>
+<aside class="preview card" id="preview" aria-live="polite">
+$preview
+</aside>
+</div>
+<div class="actions"><button type="submit" name="op" value="save" class="button primary">\
+$submit</button>
+<button type="submit" name="op" value="preview" class="button">Preview</button>
+<a href="$cancel">Cancel</a></div>
+</form>
+$zones""")
+_FIELD = Template("""<div class="field$invalid">
+<label for="f-$name">$label</label>
+$control$hint$message</div>""")
+_INPUT = Template('<input id="f-$name" name="$name" type="text" value="$value"$attrs>')
+_TEXTAREA = Template('<textarea id="f-$name" name="$name" rows="$rows"$attrs>$value</textarea>')
+_SELECT = Template('<select id="f-$name" name="$name"$attrs>$options</select>')
+_OPTION = Template('<option value="$value"$attrs>$label</option>')
+_HINT = Template('<small class="hint">$text</small>')
+_MESSAGE = Template('<small class="message" id="m-$name" role="alert">$text</small>')
+_PREVIEW = Template("""<h2>Next fire times</h2>
+<p id="preview-words" class="describe">$words</p>
+<p id="preview-error" class="flash error"$error_attrs>$error</p>
+<ol id="preview-list" class="times">$items</ol>""")
+_ITEM = Template("<li>$value</li>")
+_ERROR = Template('<p class="flash error" role="alert">Not saved: $field — $message</p>\n')
+_NOTICE = Template('<p class="flash error" role="alert">$text</p>\n')
+_ZONES = Template('<datalist id="zones">$options</datalist>')
+_ZONE = Template('<option value="$name">')
+
+
+@cache
+def _zones() -> Markup:
+    return _ZONES(options=join(_ZONE(name=z) for z in sorted(available_timezones())))
+
+
+def preview_list(times: Sequence[datetime], where: ZoneInfo, now: datetime, words: str) -> Markup:
+    seconds = timefmt.any_seconds(times)
+    items = join(_ITEM(value=timefmt.stamp(t, where, now, seconds=seconds)) for t in times)
+    error = "" if times else "It never fires after now."
+    return _PREVIEW(words=words, items=items, error=error, error_attrs=attrs(hidden=not error))
+
+
+def preview_hint(text: str) -> Markup:
+    return _PREVIEW(words=text, items="", error="", error_attrs=attrs(hidden=True))
+
+
+def preview_error(field: str, message: str) -> Markup:
+    return _PREVIEW(words="", items="", error=f"{field}: {message}", error_attrs=attrs())
+
+
+def _control(name: str, value: str, choices: Sequence[str] | None, described: str | None) -> Markup:
+    extra: dict[str, object] = {"aria_describedby": described}
+    if choices is not None:
+        options = join(_OPTION(value=c, label=c, attrs=attrs(selected=c == value)) for c in choices)
+        return _SELECT(name=name, options=options, attrs=attrs(**extra))
+    if name in ("prompt", "params"):
+        rows = 6 if name == "prompt" else 2
+        more: dict[str, object] = {
+            "required": name == "prompt",
+            "spellcheck": "false" if name == "params" else None,
+        }
+        return _TEXTAREA(name=name, value=value, rows=rows, attrs=attrs(**extra, **more))
+    more = {
+        "required": name in ("name", "expression"),
+        "maxlength": {"name": 200, "expression": 2000, "timezone": 100}.get(name),
+        "list": "zones" if name == "timezone" else None,
+        "autocomplete": "off",
+        "spellcheck": "false" if name != "name" else None,
+    }
+    return _INPUT(name=name, value=value, attrs=attrs(**extra, **more))
+
+
+def _field(
+    name: str, value: str, choices: Sequence[str] | None, error: ValidationError | None
+) -> Markup:
+    wrong = error is not None and _owner(error.field) == name
+    message = _MESSAGE(name=name, text=error.message) if wrong and error else ""
+    hint = _HINT(text=HINTS[name]) if name in HINTS else ""
+    control = _control(name, value, choices, f"m-{name}" if wrong else None)
+    return _FIELD(
+        invalid=" invalid" if wrong else "", name=name, label=LABELS[name], control=control,
+        hint=hint, message=message,
+    )  # fmt: skip
+
+
+def _owner(field: str) -> str:
+    top = field.split(".", 1)[0].split("[", 1)[0]
+    return _ALIASES.get(top, top)
+
+
+def form(
+    ctx: Ctx,
+    values: Mapping[str, str],
+    choices: Mapping[str, Sequence[str]],
+    providers: Sequence[str],
+    *,
+    preview: Markup,
+    sid: int | None,
+    version: int | None,
+    error: ValidationError | None,
+    notice: str | None,
+) -> Markup:
+    options = {**choices, "provider": providers}
+    fields = join(_field(name, values[name], options.get(name), error) for name in LABELS)
+    top = _ERROR(field=error.field, message=error.message) if error is not None else ""
+    if notice:
+        top = _NOTICE(text=notice)
+    return _FORM(
+        action="/schedules/new" if sid is None else f"/schedules/{sid}/edit",
+        csrf=ctx.csrf,
+        version=layout.hidden("version", str(version)) if version is not None else "",
+        notice=top,
+        fields=fields,
+        preview=preview,
+        submit="Create schedule" if sid is None else "Save changes",
+        cancel="/" if sid is None else f"/schedules/{sid}",
+        zones=_zones(),
+    )

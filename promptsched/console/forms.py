@@ -1,0 +1,209 @@
+"""The create/edit form (validated by ``service.validate``, its messages shown next to the
+field they name) and the preview of the next fire times it shows: rendered by the server on
+"Preview" without the script, and fetched from ``/preview`` as you type with it."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from promptsched import service
+from promptsched.api import validate
+from promptsched.console import describe, form_page, layout, timefmt
+from promptsched.console.context import Ctx, NotFoundPage, redirect
+from promptsched.errors import ValidationError
+from promptsched.schedule import overlap, spec
+from promptsched.store import queries
+
+PREVIEW_COUNT = 5
+FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
+          "misfire", "overlap", "max_attempts", "timeout")  # fmt: skip
+DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
+            "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": ""}  # fmt: skip
+CHOICES = {
+    "kind": ("auto", *spec.KINDS),
+    "misfire": service.MISFIRE_POLICIES,
+    "overlap": overlap.POLICIES,
+}
+
+
+def parse_expression(kind: str, expression: str, timezone: str) -> spec.Spec:
+    """The schedule the form describes; kind ``auto`` detects it from the text."""
+    if kind == "auto" or not kind:
+        return spec.parse_line(expression, timezone or "UTC")
+    return spec.parse(kind, expression, timezone or "UTC")
+
+
+def preview_times(parsed: spec.Spec, now: datetime) -> list[datetime]:
+    return service.preview(parsed, now, PREVIEW_COUNT)
+
+
+def _submitted(ctx: Ctx) -> dict[str, str]:
+    return {name: ctx.field(name, DEFAULTS.get(name, "")) for name in FIELDS}
+
+
+def _raw(values: dict[str, str]) -> dict[str, Any]:
+    """The form as the input ``service.validate`` (and ``update_schedule``) take."""
+    validate.check_storable(values)
+    parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
+    raw: dict[str, Any] = {
+        key: values[key].strip() for key in ("name", "misfire", "overlap", "timeout", "provider")
+    }
+    raw.update(
+        kind=parsed.kind,
+        expression=parsed.expression,
+        prompt=values["prompt"],
+        timezone=values["timezone"].strip() or "UTC",
+        model=values["model"].strip() or None,
+        max_attempts=values["max_attempts"].strip(),
+        params=_params(values["params"]),
+    )
+    return raw
+
+
+def _params(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValidationError("params", f"must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValidationError("params", 'must be a JSON object, e.g. {"latency": "2s"}')
+    return value
+
+
+def _row_values(row: Any) -> dict[str, str]:
+    data = service.schedule_json(row)
+    values = {key: str(data.get(key) or "") for key in FIELDS}
+    values.update(kind=row["kind"], max_attempts=str(row["max_attempts"]))
+    values["params"] = json.dumps(data["params"]) if data["params"] else ""
+    return values
+
+
+def _render(
+    ctx: Ctx,
+    values: dict[str, str],
+    *,
+    sid: int | None = None,
+    version: int | None = None,
+    error: ValidationError | None = None,
+    notice: str | None = None,
+    status: int = 200,
+) -> web.Response:
+    try:
+        parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
+        times = preview_times(parsed, ctx.now)
+        words = describe.describe(parsed.kind, parsed.expression)
+        preview = form_page.preview_list(times, timefmt.zone(parsed.timezone), ctx.now, words)
+    except ValidationError as exc:
+        preview = form_page.preview_error(exc.field, exc.message)
+    if not values["expression"].strip():
+        preview = form_page.preview_hint("Type a schedule to see its next fire times.")
+    body = form_page.form(
+        ctx, values, CHOICES, ctx.deps.providers, preview=preview, sid=sid, version=version,
+        error=error, notice=notice,
+    )  # fmt: skip
+    title = "New schedule" if sid is None else f"Edit {values['name']}"
+    return layout.page(ctx, title, body, status=status)
+
+
+async def new_form(ctx: Ctx) -> web.StreamResponse:
+    values = {name: DEFAULTS.get(name, "") for name in FIELDS}
+    return _render(ctx, values)
+
+
+def _validate(ctx: Ctx, raw: dict[str, Any]) -> service.ScheduleInput:
+    deps = ctx.deps
+    return service.validate(
+        raw, providers=deps.providers, provider_kinds=deps.provider_kinds,
+        allow_private_webhooks=deps.allow_private_webhooks,
+    )  # fmt: skip
+
+
+async def create(ctx: Ctx) -> web.StreamResponse:
+    values = _submitted(ctx)
+    if ctx.field("op") == "preview":
+        return _render(ctx, values)
+    try:
+        checked = _validate(ctx, _raw(values))
+        async with ctx.deps.pool.acquire() as conn, conn.transaction():
+            row = await service.create_schedule(
+                conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor
+            )
+    except ValidationError as exc:
+        return _render(ctx, values, error=exc, status=422)
+    return redirect(f"/schedules/{row['id']}?done=created")
+
+
+async def edit_form(ctx: Ctx) -> web.StreamResponse:
+    sid = ctx.path_id()
+    row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
+    if row is None:
+        raise NotFoundPage()
+    return _render(ctx, _row_values(row), sid=sid, version=row["version"])
+
+
+async def save(ctx: Ctx) -> web.StreamResponse:
+    sid = ctx.path_id()
+    values = _submitted(ctx)
+    raw_version = ctx.field("version")
+    version = int(raw_version) if raw_version.isascii() and raw_version.isdigit() else None
+    if version is None or len(raw_version) > 9:
+        raise ValidationError("version", "the form lost its version; reload it")
+    if ctx.field("op") == "preview":
+        return _render(ctx, values, sid=sid, version=version)
+    deps = ctx.deps
+    try:
+        patch = _raw(values)
+        async with deps.pool.acquire() as conn:
+            await service.update_schedule(
+                conn, deps.clock, sid, patch, owner=ctx.scope, actor=ctx.who.actor,
+                providers=deps.providers, provider_kinds=deps.provider_kinds,
+                allow_private_webhooks=deps.allow_private_webhooks, expected_version=version,
+            )  # fmt: skip
+    except ValidationError as exc:
+        return _render(ctx, values, sid=sid, version=version, error=exc, status=422)
+    except service.VersionConflict as exc:
+        notice = f"{exc}: reload the page to edit the current version."
+        return _render(ctx, values, sid=sid, version=version, notice=notice, status=409)
+    return redirect(f"/schedules/{sid}?done=saved")
+
+
+async def preview(ctx: Ctx) -> web.StreamResponse:
+    """The form's live preview: the next fire times of an expression, nothing stored."""
+    kind = ctx.query("kind") or "auto"
+    expression = (ctx.query("expression") or "")[:2000]
+    timezone = (ctx.query("timezone") or "UTC")[:100]
+    try:
+        validate.check_storable([kind, expression, timezone])
+        if kind not in CHOICES["kind"]:
+            raise ValidationError("kind", f"must be one of {', '.join(CHOICES['kind'])}")
+        parsed = parse_expression(kind, expression, timezone)
+    except ValidationError as exc:
+        return web.json_response(
+            {"error": {"field": exc.field, "message": exc.message}}, status=422
+        )
+    where = timefmt.zone(parsed.timezone)
+    times = preview_times(parsed, ctx.now)
+    seconds = timefmt.any_seconds(times)
+    return web.json_response(
+        {
+            "kind": parsed.kind,
+            "expression": parsed.expression,
+            "description": describe.describe(parsed.kind, parsed.expression),
+            "fire_times": [
+                {
+                    "utc": timefmt.utc_text(t),
+                    "local": timefmt.local_text(t, where, seconds=seconds),
+                    "iso": t.isoformat(),
+                    "relative": timefmt.relative(t, ctx.now),
+                }
+                for t in times
+            ],
+        },  # fmt: skip
+        headers={"Cache-Control": "no-store"},
+    )

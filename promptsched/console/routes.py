@@ -1,0 +1,160 @@
+"""The console's routes on the API's application: the session check, CSRF check and error
+pages around every page, the two static files, and the security headers."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import cache
+from importlib import resources
+
+import asyncpg
+import structlog
+from aiohttp import web
+
+from promptsched import service
+from promptsched.api import auth
+from promptsched.api.http import DEPS
+from promptsched.console import actions, forms, layout, runs, schedules, session
+from promptsched.console.context import Ctx, Forbidden, NotFoundPage
+from promptsched.errors import ValidationError
+
+log = structlog.get_logger("console")
+
+PageHandler = Callable[[Ctx], Awaitable[web.StreamResponse]]
+RawHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+# Paths the API owns; everything else under / is the console's.
+API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
+STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+_UNAVAILABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
+
+
+def is_console_path(path: str) -> bool:
+    return path != "/v1" and not path.startswith(API_PREFIXES)
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    if is_console_path(request.path):
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+
+
+def _failure(exc: Exception, ctx: Ctx | None, request: web.Request) -> web.Response:
+    """The page for an error a console request ends in."""
+    if isinstance(exc, Forbidden):
+        return layout.message_page(
+            ctx, 403, "Refused",
+            "The form was stale or did not come from this console (its CSRF token did not "
+            "match). Nothing was changed. Reload the page and try again.",
+        )  # fmt: skip
+    if isinstance(exc, NotFoundPage | service.NotFound):
+        return layout.not_found(ctx)
+    if isinstance(exc, service.StateConflict | service.VersionConflict):
+        return layout.message_page(ctx, 409, "Not possible now", str(exc), back=request.path)
+    if isinstance(exc, ValidationError):
+        return layout.message_page(ctx, 422, "Invalid input", str(exc), back=request.path)
+    if isinstance(exc, _UNAVAILABLE):
+        log.warning("console.unavailable", error=repr(exc))
+        return layout.message_page(ctx, 503, "Unavailable", "The database is unreachable.")
+    log.exception("console.unexpected_error", method=request.method, path=request.path)
+    return layout.message_page(ctx, 500, "Error", "Unexpected server error (it is logged).")
+
+
+def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
+    """A page for a logged-in session; a POST must carry the session's CSRF token."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        deps = request.app[DEPS]
+        ctx: Ctx | None = None
+        try:
+            token = session.session_token(request)
+            who = await auth.authenticate_token(token, deps.pool, deps.clock)
+            if who is None or token is None:
+                return layout.redirect_to_login(request)
+            form = None
+            if post:
+                form = await request.post()
+                session.check_csrf(token, form.get(layout.CSRF_FIELD))
+            now = await service.db_now(deps.pool, deps.clock)
+            ctx = Ctx(request, deps, who, session.csrf_token(token), now, form)
+            return await handler(ctx)
+        except web.HTTPException:
+            raise  # aiohttp's own (413 for a huge form): the API's error middleware answers
+        except Exception as exc:
+            return _failure(exc, ctx, request)
+
+    return handle
+
+
+def _public(handler: RawHandler) -> RawHandler:
+    """A page before login (the login form itself)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            return _failure(exc, None, request)
+
+    return handle
+
+
+@cache
+def _static_body(name: str) -> bytes:
+    return (resources.files("promptsched.console") / "static" / name).read_bytes()
+
+
+async def _static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    if name not in STATIC:
+        return layout.not_found(None)
+    return web.Response(
+        body=_static_body(name),
+        content_type=STATIC[name],
+        charset="utf-8",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
+    ("GET", "/", _page(schedules.list_page), "console.schedules"),
+    ("GET", "/login", _public(session.login_form), "console.login"),
+    ("POST", "/login", _public(session.login), "console.login"),
+    ("POST", "/logout", _page(session.logout, post=True), "console.logout"),
+    ("GET", "/preview", _page(forms.preview), "console.preview"),
+    ("GET", "/schedules/new", _page(forms.new_form), "console.new"),
+    ("POST", "/schedules/new", _page(forms.create, post=True), "console.new"),
+    ("GET", "/schedules/{id}", _page(schedules.detail_page), "console.schedule"),
+    ("GET", "/schedules/{id}/edit", _page(forms.edit_form), "console.edit"),
+    ("POST", "/schedules/{id}/edit", _page(forms.save, post=True), "console.edit"),
+    ("POST", "/schedules/{id}/pause", _page(actions.pause, post=True), "console.pause"),
+    ("POST", "/schedules/{id}/resume", _page(actions.resume, post=True), "console.resume"),
+    ("POST", "/schedules/{id}/trigger", _page(actions.trigger, post=True), "console.trigger"),
+    ("GET", "/runs/{id}", _page(runs.detail_page), "console.run"),
+    ("POST", "/runs/{id}/cancel", _page(actions.cancel, post=True), "console.cancel"),
+    ("POST", "/runs/{id}/replay", _page(actions.replay, post=True), "console.replay"),
+    ("GET", "/dead", _page(runs.dead_page), "console.dead"),
+    (
+        "POST", "/notifications/{id}/replay", _page(actions.replay_notification, post=True),
+        "console.replay_notification",
+    ),
+    ("GET", "/static/{name}", _static, "console.static"),
+)  # fmt: skip
+
+
+def mount(app: web.Application) -> None:
+    """Add the console to the API's application (routes under ``/`` outside the API's)."""
+    for method, path, handler, name in ROUTES:
+        app.router.add_route(method, path, handler, name=name)
+    app.on_response_prepare.append(_security_headers)

@@ -1,0 +1,251 @@
+"""Run pages: a run's history table, one run (attempts with timings, worker, error, output,
+notifications) and the dead letters (dead runs and dead notifications, with replay)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
+
+import asyncpg
+from aiohttp import web
+
+from promptsched import notifications
+from promptsched.console import layout, timefmt
+from promptsched.console.context import Ctx, NotFoundPage
+from promptsched.console.html import Markup, Template, join
+from promptsched.store import queries
+
+DEAD_PAGE = 25
+_SKIPS = {
+    "overlap": "skipped: an earlier run was still unfinished",
+    "misfire": "skipped: found late, dropped by the misfire policy",
+    "disabled": "skipped: the schedule was paused",
+}
+_DETAIL = Template("""<p class="subtitle">$status <span class="muted">of $schedule · $origin \
+· slot $slot</span></p>
+<div class="actions">$actions</div>
+$links<dl class="settings">
+$facts</dl>
+$error<h2>Output</h2>
+$output
+<h2>Attempts</h2>
+$attempts
+<h2>Notifications</h2>
+$sent""")
+_DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
+_PRE = Template('<pre class="text $cls">$text</pre>')
+_ERROR = Template('<h2>Error</h2>\n<pre class="text error">$text</pre>\n')
+_EMPTY = Template('<p class="muted">$text</p>')
+_DEAD = Template("""<section><h2>Dead runs</h2>
+<p class="muted">Runs whose retries ran out or that failed permanently. A replay is a new run
+for the same slot (each dead run can be replayed once).</p>
+$runs
+$runs_more</section>
+<section><h2>Dead notifications</h2>
+<p class="muted">Notifications the outbox gave up on. A replay owes the same message again, to
+the schedule's current target.</p>
+$notes
+$notes_more</section>""")
+
+
+def _notes(row: asyncpg.Record) -> str:
+    """What the history should say besides the status: skip reason, coalesced slots, replay."""
+    notes = []
+    if row["skip_reason"]:
+        notes.append(_SKIPS.get(row["skip_reason"], f"skipped: {row['skip_reason']}"))
+    if row["missed_slots"]:
+        notes.append(f"stands for {row['missed_slots']} missed slot(s) (coalesced)")
+    if row["replay_of"]:
+        notes.append(f"replay of run {row['replay_of']}")
+    if row["error"] and row["status"] != "skipped":
+        error = row["error"]
+        notes.append(error if len(error) <= 100 else error[:99] + "…")
+    return "; ".join(notes)
+
+
+def run_table(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Markup:
+    return layout.table(
+        ("Run", "Slot", "Origin", "Status", "Attempts", "Finished", "Notes"),
+        [
+            (
+                layout.link(f"/runs/{r['id']}", f"#{r['id']}"),
+                timefmt.stamp(r["slot"], where, ctx.now),
+                r["origin"],
+                layout.badge(r["status"]),
+                f"{r['attempts']}/{r['max_attempts']}",
+                timefmt.stamp(r["finished_at"], where),
+                _notes(r),
+            )
+            for r in rows
+        ],
+        cls="grid runs",
+    )
+
+
+def run_actions(ctx: Ctx, rid: int, status: str, replayed_by: int | None) -> Markup:
+    """Cancel for an unfinished run; replay for a dead one not replayed yet."""
+    if status in ("pending", "running"):
+        return layout.action(
+            ctx, f"/runs/{rid}/cancel", "Cancel run", cls="button danger",
+            confirm=f"Cancel run {rid}? A running run stops at its next heartbeat.",
+        )  # fmt: skip
+    if status == "dead" and replayed_by is None:
+        return layout.action(
+            ctx, f"/runs/{rid}/replay", "Replay", cls="button primary",
+            confirm=f"Replay run {rid}? A new run for the same slot is created.",
+        )  # fmt: skip
+    return Markup("")
+
+
+def _attempts(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Markup:
+    if not rows:
+        return _EMPTY(text="No attempt yet.")
+    return layout.table(
+        ("#", "Status", "Worker", "Started", "Finished", "Took", "Error"),
+        [
+            (
+                a["number"],
+                layout.badge(a["status"]),
+                a["worker_id"],
+                timefmt.stamp(a["started_at"], where, ctx.now),
+                timefmt.stamp(a["finished_at"], where),
+                timefmt.duration(a["started_at"], a["finished_at"]),
+                a["error"] or "",
+            )
+            for a in rows
+        ],
+    )
+
+
+def _sent(items: list[dict[str, object]]) -> Markup:
+    if not items:
+        return _EMPTY(text="None owed.")
+    return layout.table(
+        ("#", "Channel", "Event", "Status", "Attempts", "Last error"),
+        [
+            (n["id"], n["channel"], n["event"], layout.badge(str(n["status"])), n["attempts"],
+             n["last_error"] or "")
+            for n in items
+        ],
+    )  # fmt: skip
+
+
+def _links(row: asyncpg.Record, replayed_by: int | None) -> Markup:
+    links: list[object] = []
+    if row["replay_of"]:
+        links.append(join(["replay of ", layout.link(f"/runs/{row['replay_of']}", "run")]))
+    if replayed_by is not None:
+        links.append(join(["replayed as ", layout.link(f"/runs/{replayed_by}", "run")]))
+    if row["cancel_requested"]:
+        links.append("cancel requested: it stops at its worker's next heartbeat")
+    return join([_EMPTY(text=join(links, " · ")), "\n"]) if links else Markup("")
+
+
+async def detail_page(ctx: Ctx) -> web.StreamResponse:
+    rid = ctx.path_id()
+    pool = ctx.deps.pool
+    row = await queries.run_get(pool, rid, ctx.scope)
+    if row is None:
+        raise NotFoundPage()
+    schedule = await queries.schedule_get(pool, row["schedule_id"], ctx.scope)
+    if schedule is None:
+        raise NotFoundPage()
+    where = timefmt.zone(schedule["timezone"])
+    attempts = await queries.run_attempts_list(pool, rid)
+    replay = await queries.run_get_replay(pool, rid)
+    replayed_by = replay["id"] if replay is not None else None
+    sent = await notifications.list_run_notifications(pool, rid, ctx.scope)
+    usage = json.dumps(row["usage"], sort_keys=True) if row["usage"] else "—"
+    facts: list[tuple[str, object]] = [
+        ("Attempts", f"{row['attempts']} of at most {row['max_attempts']}"),
+        ("Provider", row["provider"]),
+        ("Worker", row["worker_id"] or (attempts[-1]["worker_id"] if attempts else "—")),
+        ("Created", timefmt.stamp(row["created_at"], where, ctx.now)),
+        ("Available", timefmt.stamp(row["available_at"], where, ctx.now)),
+        ("Started", timefmt.stamp(row["started_at"], where, ctx.now)),
+        ("Finished", timefmt.stamp(row["finished_at"], where, ctx.now)),
+        ("Took", timefmt.duration(row["started_at"], row["finished_at"])),
+        ("Notes", _notes(row) or "—"),
+        ("Usage", usage),
+    ]
+    body = _DETAIL(
+        status=layout.badge(row["status"]),
+        schedule=layout.link(f"/schedules/{schedule['id']}", schedule["name"]),
+        origin=row["origin"],
+        slot=timefmt.stamp(row["slot"], where, ctx.now),
+        actions=run_actions(ctx, rid, row["status"], replayed_by),
+        links=_links(row, replayed_by),
+        facts=join(_DL_ROW(term=t, value=v) for t, v in facts),
+        error=_ERROR(text=row["error"]) if row["error"] else "",
+        output=_PRE(text=row["output"], cls="output") if row["output"] is not None
+        else _EMPTY(text="No output."),
+        attempts=_attempts(ctx, attempts, where),
+        sent=_sent(sent),
+    )  # fmt: skip
+    return layout.page(ctx, f"Run {rid}", body)
+
+
+def _dead_runs(ctx: Ctx, rows: Sequence[asyncpg.Record]) -> Markup:
+    if not rows:
+        return _EMPTY(text="No dead runs.")
+    table_rows = []
+    for r in rows:
+        where = timefmt.zone(r["timezone"])
+        if r["replayed_by"] is not None:
+            action = join(["replayed as ", layout.link(f"/runs/{r['replayed_by']}", "run")])
+        else:
+            action = run_actions(ctx, r["id"], "dead", None)
+        table_rows.append((
+            layout.link(f"/runs/{r['id']}", f"#{r['id']}"),
+            layout.link(f"/schedules/{r['schedule_id']}", r["schedule_name"]),
+            timefmt.stamp(r["slot"], where, ctx.now),
+            f"{r['attempts']}/{r['max_attempts']}",
+            r["error"] or "",
+            action,
+        ))  # fmt: skip
+    return layout.table(("Run", "Schedule", "Slot", "Attempts", "Error", ""), table_rows)
+
+
+def _dead_notes(ctx: Ctx, items: list[dict[str, object]]) -> Markup:
+    if not items:
+        return _EMPTY(text="No dead notifications.")
+    rows = [
+        (
+            n["id"],
+            layout.link(f"/schedules/{n['schedule_id']}", str(n["schedule_name"])),
+            layout.link(f"/runs/{n['run_id']}", f"#{n['run_id']}"),
+            f"{n['channel']} · {n['event']}",
+            n["last_error"] or "",
+            layout.action(
+                ctx, f"/notifications/{n['id']}/replay", "Replay", cls="button primary",
+                confirm=f"Send notification {n['id']} again?",
+            ),
+        )
+        for n in items
+    ]  # fmt: skip
+    return layout.table(("#", "Schedule", "Run", "What", "Last error", ""), rows)
+
+
+async def dead_page(ctx: Ctx) -> web.StreamResponse:
+    pool = ctx.deps.pool
+    runs_before, notes_before = ctx.int_query("runs_before"), ctx.int_query("notes_before")
+    dead = await queries.run_dead_page(pool, ctx.scope, runs_before, DEAD_PAGE + 1)
+    notes = await notifications.list_dead_notifications(
+        pool, ctx.scope, before_id=notes_before, limit=DEAD_PAGE + 1
+    )
+    runs_more = notes_more = Markup("")
+    if len(dead) > DEAD_PAGE:
+        dead = dead[:DEAD_PAGE]
+        query = urlencode({"runs_before": dead[-1]["id"]})
+        runs_more = layout.link(f"/dead?{query}", "Older dead runs →")
+    if len(notes) > DEAD_PAGE:
+        notes = notes[:DEAD_PAGE]
+        query = urlencode({"notes_before": notes[-1]["id"]})
+        notes_more = layout.link(f"/dead?{query}", "Older dead notifications →")
+    body = _DEAD(
+        runs=_dead_runs(ctx, dead), runs_more=runs_more,
+        notes=_dead_notes(ctx, notes), notes_more=notes_more,
+    )  # fmt: skip
+    return layout.page(ctx, "Dead letters", body)

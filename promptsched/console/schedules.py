@@ -1,0 +1,161 @@
+"""The schedules list (expression in words and as written, zone, next fire times, last
+outcome, state) and the page of one schedule."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import asyncpg
+from aiohttp import web
+
+from promptsched.api import schemas, views
+from promptsched.console import describe, layout, runs, schedule_parts, timefmt
+from promptsched.console.context import Ctx, NotFoundPage
+from promptsched.console.html import Markup, Template, join
+from promptsched.store import queries
+
+PAGE_SIZE = 50
+RUNS_PAGE = 25
+HISTORY_PAGE = 20
+NEXT_IN_LIST = 3
+NEXT_ON_PAGE = 10
+
+_LIST = Template("""<div class="toolbar">
+<form method="get" action="/" class="search"><input name="q" type="search" value="$q" \
+placeholder="name contains…" aria-label="search by name">
+<button type="submit" class="button">Search</button></form>
+<a class="button primary" href="/schedules/new">New schedule</a></div>
+$table
+$more""")
+_EMPTY = Template('<p class="empty">$text</p>')
+_NAME = Template('<a href="/schedules/$id" class="name">$name</a>')
+_WHEN = Template('$words<br><code class="muted">$expression</code>')
+_DETAIL = Template("""<p class="subtitle">$state
+<span class="muted">#$id · $words · $zone</span></p>
+<div class="actions">$controls</div>
+<div class="columns">
+<section><h2>Next fire times</h2>
+$next</section>
+<section><h2>Explain</h2>
+$explain</section>
+</div>
+<section><h2>Runs</h2>
+$filters
+$runs
+$more</section>
+<section><h2>Settings</h2>
+$settings</section>
+<section><h2>Change history</h2>
+$history</section>""")
+_CURRENT = Template('<b aria-current="page">$text</b>')
+_FILTERS = Template('<nav class="filters">$links</nav>')
+_LIST_ITEMS = Template('<ol class="times">$items</ol>')
+_ITEM = Template("<li>$value</li>")
+
+
+def _next_times(row: asyncpg.Record, count: int, ctx: Ctx) -> Markup:
+    where = timefmt.zone(row["timezone"])
+    times = views.next_fire_times(row, count)
+    if not times:
+        return Markup('<span class="muted">none</span>')
+    if not row["enabled"] and row["paused_until"] is None:
+        return Markup('<span class="muted">paused</span>')
+    seconds = timefmt.any_seconds(times)
+    items = join(_ITEM(value=timefmt.stamp(t, where, ctx.now, seconds=seconds)) for t in times)
+    return _LIST_ITEMS(items=items)
+
+
+def _last_run(latest: asyncpg.Record | None, row: asyncpg.Record, ctx: Ctx) -> Markup:
+    if latest is None:
+        return Markup('<span class="muted">no run yet</span>')
+    where = timefmt.zone(row["timezone"])
+    when = timefmt.stamp(latest["finished_at"] or latest["slot"], where, ctx.now)
+    return join([layout.link(f"/runs/{latest['id']}", layout.badge(latest["status"])), " ", when])
+
+
+async def list_page(ctx: Ctx) -> web.StreamResponse:
+    name = ctx.query("q")
+    after = ctx.int_query("after") or 0
+    rows = await queries.schedule_search(
+        ctx.deps.pool, owner=ctx.scope, enabled=None, name=name[:200] if name else None,
+        after_id=after, limit=PAGE_SIZE + 1,
+    )  # fmt: skip
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    latest = {
+        r["schedule_id"]: r
+        for r in await queries.run_latest_finished_many(ctx.deps.pool, [r["id"] for r in rows])
+    }
+    head = ["Name", "When", "Zone", "Next fire times", "Last run", "State"]
+    if ctx.who.admin:
+        head.append("Owner")
+    table_rows = []
+    for row in rows:
+        where = timefmt.zone(row["timezone"])
+        cells: list[object] = [
+            _NAME(id=row["id"], name=row["name"]),
+            _WHEN(words=describe.describe(row["kind"], row["expression"]),
+                  expression=row["expression"]),
+            row["timezone"],
+            _next_times(row, NEXT_IN_LIST, ctx),
+            _last_run(latest.get(row["id"]), row, ctx),
+            schedule_parts.state_badge(row, where),
+        ]  # fmt: skip
+        if ctx.who.admin:
+            cells.append(row["owner"])
+        table_rows.append(cells)
+    if table_rows:
+        table = layout.table(head, table_rows, cls="grid schedules")
+    else:
+        text = "No schedule matches." if name else "No schedules yet: create the first one."
+        table = _EMPTY(text=text)
+    query = {"q": name or "", "after": str(rows[-1]["id"])} if more and rows else None
+    more_link = layout.link("/?" + urlencode(query), "Next page →") if query else ""
+    return layout.page(ctx, "Schedules", _LIST(q=name or "", table=table, more=more_link))
+
+
+def _run_filters(sid: int, status: str | None) -> Markup:
+    links = [layout.link(f"/schedules/{sid}", "all") if status else _CURRENT(text="all")]
+    for name in schemas.RUN_STATUSES:
+        href = f"/schedules/{sid}?{urlencode({'status': name})}"
+        links.append(_CURRENT(text=name) if name == status else layout.link(href, name))
+    return _FILTERS(links=join(links, " · "))
+
+
+async def detail_page(ctx: Ctx) -> web.StreamResponse:
+    sid = ctx.path_id()
+    pool = ctx.deps.pool
+    row = await queries.schedule_get(pool, sid, ctx.scope)
+    if row is None:
+        raise NotFoundPage()
+    where = timefmt.zone(row["timezone"])
+    status = ctx.query("status")
+    status = status if status in schemas.RUN_STATUSES else None
+    before = ctx.int_query("before")
+    found = await queries.run_list(
+        pool, schedule_id=sid, status=status, owner=ctx.scope, before_id=before,
+        limit=RUNS_PAGE + 1,
+    )  # fmt: skip
+    more = ""
+    if len(found) > RUNS_PAGE:
+        found = found[:RUNS_PAGE]
+        query = urlencode({k: v for k, v in (("status", status), ("before", found[-1]["id"])) if v})
+        more = layout.link(f"/schedules/{sid}?{query}", "Older runs →")
+    changes = await queries.schedule_change_page(pool, sid, ctx.scope, None, HISTORY_PAGE)
+    upcoming = views.next_fire_times(row, 1)
+    default_at = upcoming[0].astimezone(where).strftime("%Y-%m-%dT%H:%M:%S") if upcoming else ""
+    body = _DETAIL(
+        state=schedule_parts.state_badge(row, where),
+        id=sid,
+        words=describe.describe(row["kind"], row["expression"]),
+        zone=row["timezone"],
+        controls=schedule_parts.controls(ctx, row),
+        next=_next_times(row, NEXT_ON_PAGE, ctx),
+        explain=await schedule_parts.explain_section(ctx, row, default_at),
+        filters=_run_filters(sid, status),
+        runs=runs.run_table(ctx, found, where) if found else _EMPTY(text="No runs."),
+        more=more,
+        settings=schedule_parts.settings(ctx, row),
+        history=schedule_parts.history(ctx, changes, where),
+    )
+    return layout.page(ctx, row["name"], body)

@@ -1,0 +1,99 @@
+"""Console sessions: the API token in an HttpOnly, SameSite=Strict cookie, checked by the
+same ``auth.authenticate_token`` as a bearer header; CSRF tokens (an HMAC of the session
+token, or a double-submit cookie on the login form); the login and logout pages."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from aiohttp import web
+
+from promptsched.api import auth
+from promptsched.api.http import DEPS
+from promptsched.console import context, layout
+from promptsched.console.context import Ctx, Forbidden
+from promptsched.console.html import Template
+
+SESSION_COOKIE = "promptsched_session"
+LOGIN_COOKIE = "promptsched_login"  # the login form's double-submit CSRF token
+_CSRF_CONTEXT = b"promptsched console csrf v1"
+_LOGIN = Template("""<form method="post" action="/login" class="card narrow">
+<input type="hidden" name="csrf" value="$csrf">
+<p>Paste an API token (<code>promptsched tokens create --owner NAME</code>). The console acts
+with its owner's rights, exactly like the HTTP API.</p>
+$error<label for="token">API token</label>
+<input id="token" name="token" type="password" autocomplete="off" required autofocus
+       spellcheck="false">
+<div class="actions"><button type="submit" class="button primary">Log in</button></div>
+</form>""")
+_ERROR = Template('<p class="flash error" role="alert">$message</p>\n')
+
+
+def session_token(request: web.Request) -> str | None:
+    return request.cookies.get(SESSION_COOKIE) or None
+
+
+def csrf_token(token: str) -> str:
+    """The CSRF token of a session: an HMAC keyed by the session token, so it proves the form
+    came from a page the session was shown, and reveals nothing of the token itself."""
+    return hmac.new(token.encode(), _CSRF_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def check_csrf(token: str, submitted: object) -> None:
+    """Raise Forbidden unless ``submitted`` is the session's CSRF token (constant time)."""
+    if not isinstance(submitted, str) or not hmac.compare_digest(
+        submitted.encode(), csrf_token(token).encode()
+    ):
+        raise Forbidden()
+
+
+def _cookie(response: web.StreamResponse, request: web.Request, name: str, value: str) -> None:
+    response.set_cookie(
+        name, value, path="/", httponly=True, samesite="Strict", secure=request.secure
+    )
+
+
+def _clear(response: web.StreamResponse, request: web.Request, name: str) -> None:
+    response.del_cookie(name, path="/", httponly=True, samesite="Strict", secure=request.secure)
+
+
+async def login_form(request: web.Request) -> web.StreamResponse:
+    deps = request.app[DEPS]
+    if await auth.authenticate_token(session_token(request), deps.pool, deps.clock) is not None:
+        return context.redirect("/")
+    return _login_page(request, None, 200)
+
+
+def _login_page(request: web.Request, error: str | None, status: int) -> web.Response:
+    csrf = secrets.token_urlsafe(32)
+    message = _ERROR(message=error) if error else ""
+    response = layout.page(None, "Log in", _LOGIN(csrf=csrf, error=message), status=status)
+    _cookie(response, request, LOGIN_COOKIE, csrf)
+    return response
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    form = await request.post()
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    submitted = form.get("csrf")
+    if not expected or not isinstance(submitted, str):
+        raise Forbidden()
+    if not hmac.compare_digest(submitted.encode(), expected.encode()):
+        raise Forbidden()
+    token = form.get("token")
+    token = token.strip() if isinstance(token, str) else ""
+    deps = request.app[DEPS]
+    if await auth.authenticate_token(token, deps.pool, deps.clock) is None:
+        return _login_page(request, "That token is unknown, revoked or mistyped.", 401)
+    response = context.redirect("/")
+    _cookie(response, request, SESSION_COOKIE, token)
+    _clear(response, request, LOGIN_COOKIE)
+    return response
+
+
+async def logout(ctx: Ctx) -> web.StreamResponse:
+    response = context.redirect("/login")
+    _clear(response, ctx.request, SESSION_COOKIE)
+    return response

@@ -1,0 +1,84 @@
+"""Times as the console shows them: in the schedule's zone, UTC on hover, and relative to the
+database's now ("in 3 h") where that helps. The script keeps relative times current."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from promptsched.console.html import Markup, Template
+from promptsched.errors import ValidationError
+from promptsched.schedule import spec
+
+_STAMP = Template('<time datetime="$iso" title="$utc">$local</time>')
+_RELATIVE = Template(' <span class="rel" data-rel="$iso">$relative</span>')
+
+
+def zone(name: str | None) -> ZoneInfo:
+    """The zone to show times in; UTC for a name this version does not know."""
+    try:
+        return spec.load_zone(name or "UTC")
+    except ValidationError:
+        return spec.load_zone("UTC")
+
+
+def local_text(value: datetime, where: ZoneInfo, *, seconds: bool | None = None) -> str:
+    """Like "Mon 02 Mar 2026 09:00 CET"; seconds shown when not zero (or as ``seconds`` says,
+    so a list of times reads alike)."""
+    local = value.astimezone(where)
+    if seconds is None:
+        seconds = bool(local.second or local.microsecond)
+    return local.strftime(f"%a %d %b %Y %H:%M{':%S' if seconds else ''} %Z")
+
+
+def any_seconds(values: Iterable[datetime]) -> bool:
+    """Whether a list of times needs seconds to tell them apart."""
+    return any(v.second or v.microsecond for v in values)
+
+
+def utc_text(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def relative(value: datetime, now: datetime) -> str:
+    """Like "in 3 h", "5 min ago" or "just now": the largest unit, rounded down."""
+    delta = value - now
+    past = delta < timedelta(0)
+    seconds = abs(delta.total_seconds())
+    if seconds < 1:
+        return "just now"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if seconds >= size:
+            amount = f"{int(seconds // size)} {unit}"
+            break
+    return f"{amount} ago" if past else f"in {amount}"
+
+
+def stamp(
+    value: datetime | None,
+    where: ZoneInfo,
+    now: datetime | None = None,
+    *,
+    seconds: bool | None = None,
+) -> Markup:
+    """``<time>`` in the zone with the UTC instant as its title; with ``now``, the relative
+    time after it. An em dash for no time."""
+    if value is None:
+        return Markup("—")
+    iso = value.astimezone(UTC).isoformat()
+    text = _STAMP(iso=iso, utc=utc_text(value), local=local_text(value, where, seconds=seconds))
+    if now is None:
+        return text
+    return Markup(text + _RELATIVE(iso=iso, relative=relative(value, now)))
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "—"
+    seconds = (end - start).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
