@@ -167,7 +167,8 @@ def validate(
         catchup_window=_duration(raw, "catchup_window", None),
         overlap=_choice(raw, "overlap", "skip", overlap.POLICIES),
         max_attempts=_int(raw, "max_attempts", 3, 1, 100),
-        timeout=_duration(raw, "timeout", timedelta(minutes=5)) or timedelta(minutes=5),
+        timeout=_duration(raw, "timeout", None)
+        or (timedelta(minutes=5) if raw.get("timeout") is None else timedelta(0)),
         jitter=_duration(raw, "jitter", None),
         dst_gap=_choice(raw, "dst_gap", "shift", ("shift", "skip")),
         dst_fold=_choice(raw, "dst_fold", "first", ("first", "both")),

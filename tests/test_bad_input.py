@@ -182,13 +182,7 @@ CLI_CASES = [
     ((*ADD, "--cron", "0 9 * * *", "--tz", "Mars/Olympus"), "timezone"),
     ((*ADD, "--cron", "0 9 * * *", "--max-attempts", "0"), "max_attempts"),
     ((*ADD, "--cron", "0 9 * * *", "--timeout", "forever"), "timeout"),
-    pytest.param(
-        (*ADD, "--cron", "0 9 * * *", "--timeout", "0s"),
-        "timeout",
-        marks=pytest.mark.xfail(
-            strict=True, reason="service.validate reads a 0s timeout as the 5m default"
-        ),
-    ),
+    ((*ADD, "--cron", "0 9 * * *", "--timeout", "0s"), "timeout"),
     ((*ADD, "--cron", "0 9 * * *", "--param", "no-equals-sign"), "param"),
     ((*ADD, "--cron", "0 9 * * *", "--param", "latency=forever"), "params.latency"),
     ((*ADD, "--cron", "0 9 * * *", "--overlap", "sometimes"), "overlap"),

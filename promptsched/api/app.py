@@ -38,7 +38,13 @@ log = structlog.get_logger("api")
 MAX_BODY = 1024 * 1024  # a 100k-character prompt, JSON-escaped, fits
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
-_UNAVAILABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
+_UNAVAILABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,  # a connection caught mid-operation by a server restart
+)
 # Room for the longest request line the document allows (a 2000-character preview expression,
 # percent-encoded), so no documented request meets the HTTP parser's own 400.
 RUNNER_OPTIONS: dict[str, Any] = {"access_log": None, "max_line_size": 64 * 1024}
