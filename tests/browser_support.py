@@ -88,9 +88,12 @@ def screenshot(driver: Any, name: str) -> Path:
 
 def wait(driver: Any, condition: Callable[[Any], T], *, timeout: float = 10, what: str = "") -> T:
     """Poll ``condition(driver)`` until it is truthy (Selenium's wait, with a clear message)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    result: T = WebDriverWait(driver, timeout, poll_frequency=0.1).until(
-        condition, message=f"timed out after {timeout}s waiting for {what}"
-    )
+    # A page reloading under the poll leaves stale or missing elements: poll again.
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    result: T = WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored
+    ).until(condition, message=f"timed out after {timeout}s waiting for {what}")
     return result
