@@ -61,10 +61,6 @@ async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | 
     return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
 
 
-async def schedule_list(db: DB, owner: str | None, after_id: int, limit: int) -> list[Record]:
-    return await db.fetch(_Q["schedule_list"], owner, after_id, limit)
-
-
 async def schedule_take_due(db: DB, now: datetime | None, limit: int) -> list[Record]:
     return await db.fetch(_Q["schedule_take_due"], now, limit)
 
@@ -113,12 +109,6 @@ async def schedule_change_insert(
     db: DB, schedule_id: int, owner: str, actor: str, action: str, changes: dict[str, Any]
 ) -> None:
     await db.execute(_Q["schedule_change_insert"], schedule_id, owner, actor, action, changes)
-
-
-async def schedule_change_list(
-    db: DB, schedule_id: int, owner: str | None, limit: int
-) -> list[Record]:
-    return await db.fetch(_Q["schedule_change_list"], schedule_id, owner, limit)
 
 
 async def schedule_delete(db: DB, schedule_id: int, owner: str | None) -> bool:

@@ -10,12 +10,6 @@ RETURNING *;
 -- name: schedule_get
 SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 
--- name: schedule_list
-SELECT * FROM schedules
-WHERE ($1::text IS NULL OR owner = $1) AND id > $2
-ORDER BY id
-LIMIT $3;
-
 -- name: schedule_take_due
 -- Lock due schedules in cursor order; SKIP LOCKED lets several schedulers share the work
 -- without waiting on each other. Walks schedules_due_idx.
@@ -96,12 +90,6 @@ RETURNING id, owner, pause_reason;
 -- name: schedule_change_insert
 INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes)
 VALUES ($1, $2, $3, $4, $5);
-
--- name: schedule_change_list
-SELECT * FROM schedule_changes
-WHERE schedule_id = $1 AND ($2::text IS NULL OR owner = $2)
-ORDER BY id DESC
-LIMIT $3;
 
 -- name: schedule_delete
 DELETE FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING id;
