@@ -16,7 +16,18 @@ _LEVELS = {
 }
 
 
+# The level ``configure`` set (structlog writes every level until then).
+_threshold = logging.DEBUG
+
+
+def enabled(level: str) -> bool:
+    """Whether a line at ``level`` is written: a hot path checks before it builds one."""
+    return _LEVELS[level] >= _threshold
+
+
 def configure(level: str = "info", fmt: str = "json") -> None:
+    global _threshold
+    _threshold = _LEVELS[level]
     renderer: Any
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())

@@ -269,19 +269,19 @@ async def test_a_finish_that_cannot_reach_the_database_leaves_the_run_to_the_rea
 
 
 async def test_a_heartbeat_that_finds_the_run_finished_by_its_own_attempt_fences_nothing(
-    pool: asyncpg.Pool[Any],
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rid = await factories.pending_run(pool, await factories.schedule(pool))
     metrics = Metrics()
     worker = factories.worker_pool(pool, FrozenClock(EPOCH), metrics)
-    finish = worker.finalizer.finish
+    finish_many = queries.run_finish_many
 
-    async def finish_then_heartbeat(item: queries.Finish) -> bool:
-        landed = await finish(item)
+    async def finish_then_heartbeat(*args: Any) -> set[int]:
+        landed = await finish_many(*args)
         await worker.heartbeat.run_once()  # lands after the finish, before the attempt leaves
         return landed
 
-    worker.finalizer.finish = finish_then_heartbeat  # type: ignore[method-assign]
+    monkeypatch.setattr(queries, "run_finish_many", finish_then_heartbeat)
     with capture_logs() as logs:
         assert await worker.run_once() == 1
     assert (await _run(pool, rid))["status"] == "succeeded"

@@ -11,6 +11,7 @@ import difflib
 import re
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from promptsched.errors import ValidationError
@@ -77,9 +78,15 @@ def validate(template: str, *, field: str = "prompt") -> None:
         pass
 
 
-def variables_used(template: str, *, field: str = "prompt") -> set[str]:
+@lru_cache(maxsize=4096)
+def _pieces(template: str, field: str) -> tuple[tuple[bool, str], ...]:
+    # Cached: every run of a schedule renders the same template.
+    return tuple(_parts(template, field))
+
+
+def variables_used(template: str, *, field: str = "prompt") -> frozenset[str]:
     """The variable names a (valid) template refers to."""
-    return {text for is_variable, text in _parts(template, field) if is_variable}
+    return frozenset(text for is_variable, text in _pieces(template, field) if is_variable)
 
 
 def render(template: str, context: Mapping[str, str], *, field: str = "prompt") -> str:
@@ -90,7 +97,7 @@ def render(template: str, context: Mapping[str, str], *, field: str = "prompt") 
     """
     pieces = [
         str(context.get(text, "")) if is_variable else text
-        for is_variable, text in _parts(template, field)
+        for is_variable, text in _pieces(template, field)
     ]
     return "".join(pieces)
 

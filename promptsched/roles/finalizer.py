@@ -1,74 +1,80 @@
-"""Group commit for attempt finalization: attempts finishing at about the same time share one
-guarded statement (run_finish_many) instead of a round trip each."""
+"""Group commit for attempt finalization: attempts hand their final write to ``submit`` and are
+done; one task writes everything that queued up meanwhile as one guarded statement
+(run_finish_many), then reports each write's fate to the callback submitted with it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import asyncpg
+from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
 from promptsched.store import queries
 
-
-class _Waiter:
-    __slots__ = ("done", "error", "landed")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.landed = False
-        self.error: BaseException | None = None
+# True: the write landed. False: the attempt was stale (fenced) and changed nothing. An
+# exception: the database failed, so whether the write landed is unknown.
+Outcome = bool | Exception
+Done = Callable[[Outcome], None]
 
 
 class Finalizer:
-    """``finish`` returns True when the write landed, False when the attempt was fenced.
+    """Every write is conditioned on its own attempt_id, so batching changes no outcome.
 
-    The first caller with nothing in flight leads: it lets the other finishers of this event
-    loop turn queue up, then writes batches until the queue is empty. Every write is still
-    conditioned on its own attempt_id, so batching changes no outcome.
+    While one batch is in flight the next one queues up, so the batch size follows the load:
+    one row when the process is quiet, hundreds in a rush, with one round trip each.
     """
 
-    def __init__(self, pool: asyncpg.Pool[Any], clock: Clock, *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        clock: Clock,
+        *,
+        max_batch: int = 256,
+        write_timeout: float = 10.0,
+    ) -> None:
         self.pool = pool
         self.clock = clock
         self.max_batch = max_batch
-        self._queue: list[tuple[queries.Finish, _Waiter]] = []
-        self._leading = False
+        self.write_timeout = write_timeout
+        self._queue: list[tuple[queries.Finish, Done]] = []
+        self._ready = anyio.Event()
 
-    async def finish(self, item: queries.Finish) -> bool:
-        waiter = _Waiter()
-        self._queue.append((item, waiter))
-        if not self._leading:
-            self._leading = True
-            try:
-                # Let the attempts finishing in this same loop turn join the batch.
-                await anyio.lowlevel.checkpoint()
-                await self._drain()
-            finally:
-                self._leading = False
-        await waiter.done.wait()
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.landed
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
 
-    async def _drain(self) -> None:
+    def submit(self, item: queries.Finish, done: Done) -> None:
+        """Queue ``item``; ``done`` is called (from the finalizer's task) once its fate is known."""
+        self._queue.append((item, done))
+        self._ready.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._ready.wait()
+            self._ready = anyio.Event()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write every queued item, a batch at a time."""
         while self._queue:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                landed = await queries.run_finish_many(
-                    self.pool, self.clock.sql_now(), [item for item, _ in batch]
-                )
-            except BaseException as exc:
-                # The other finishers learn the write did not happen (their callers log it;
-                # the lease then expires and the reaper decides), never a foreign cancellation.
-                failure = RuntimeError(f"finalize batch failed: {exc!r}")
-                for _, waiter in [*batch, *self._queue]:
-                    waiter.error = failure
-                    waiter.done.set()
-                self._queue = []
-                raise
-            for item, waiter in batch:
-                waiter.landed = item.run_id in landed
-                waiter.done.set()
+            outcome: set[int] | Exception
+            # Shielded and bounded: a shutdown must not cut a final write in half, and a hung
+            # database must not hold the worker forever (the leases expire; the reaper decides).
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + self.write_timeout
+                try:
+                    outcome = await queries.run_finish_many(
+                        self.pool, self.clock.sql_now(), [item for item, _ in batch]
+                    )
+                except Exception as exc:  # asyncpg raises more than PostgresError when a
+                    # connection dies: report it to every attempt of the batch, never crash
+                    outcome = exc
+            if scope.cancelled_caught:
+                outcome = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
+            for item, done in batch:
+                done(item.run_id in outcome if isinstance(outcome, set) else outcome)

@@ -3,9 +3,11 @@ finalizes each attempt conditioned on its fencing token."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -15,6 +17,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
+from promptsched import logs
 from promptsched.clock import Clock
 from promptsched.errors import (
     AttemptTimeout,
@@ -28,7 +31,7 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
-from promptsched.roles.finalizer import Finalizer
+from promptsched.roles.finalizer import Finalizer, Outcome
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
 from promptsched.roles.transcript import AttemptLog
@@ -36,6 +39,24 @@ from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
+
+
+def _ids(row: asyncpg.Record, worker_id: str) -> dict[str, Any]:
+    """What every log line of an attempt is bound to."""
+    return {
+        "run_id": row["id"],
+        "schedule_id": row["schedule_id"],
+        "attempt_id": str(row["attempt_id"]),
+        "worker_id": worker_id,
+    }
+
+
+def _debug_enabled() -> bool:
+    return logs.enabled("debug")
+
+
+def _info_enabled() -> bool:
+    return logs.enabled("info")
 
 
 def default_worker_id() -> str:
@@ -73,8 +94,19 @@ class WorkerPool:
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
+        # Attempts whose executor is running. An attempt whose final write is queued still
+        # holds its lease (it stays in ``inflight``, heartbeats go on) but not a slot, so the
+        # next claim overlaps the previous batch's write.
+        self._executing = 0
         self._idle = anyio.Event()
         self._idle.set()
+        self._tg: TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Metric children resolved once: a label lookup per run adds up at thousands of runs/s.
+        self._busy_gauge = metrics.worker_slots.labels("busy")
+        self._idle_gauge = metrics.worker_slots.labels("idle")
+        self._finished: dict[str, Any] = {}
+        self._durations: dict[tuple[str, str], Any] = {}
         self._update_slot_gauge()
 
     @property
@@ -85,17 +117,28 @@ class WorkerPool:
         self.wakeup.set()
 
     def _update_slot_gauge(self) -> None:
-        busy = len(self.inflight)
-        self.metrics.worker_slots.labels("busy").set(busy)
-        self.metrics.worker_slots.labels("idle").set(max(0, self.slots - busy))
+        self._busy_gauge.set(self._executing)
+        self._idle_gauge.set(max(0, self.slots - self._executing))
+
+    def _free_slots(self) -> int:
+        # Queued final writes are bounded too: a database that stops answering must not let
+        # a process claim without end.
+        return min(self.slots - self._executing, 2 * self.slots - len(self.inflight))
+
+    def _duration(self, provider: str, outcome: str) -> Any:
+        key = (provider, outcome)
+        child = self._durations.get(key)
+        if child is None:
+            child = self._durations[key] = self.metrics.run_duration.labels(provider, outcome)
+        return child
 
     # --- claiming -------------------------------------------------------------------------
 
-    async def claim(self, tg: TaskGroup) -> int:
-        """Claim as many runs as free slots and provider limits allow; start each in ``tg``."""
+    async def claim(self) -> int:
+        """Claim as many runs as free slots and provider limits allow, and start each."""
         started = 0
         for provider, limiter in self.limiters.items():
-            want = min(self.slots - len(self.inflight), limiter.available())
+            want = min(self._free_slots(), limiter.available())
             if want <= 0:
                 continue
             rows = await queries.run_claim_batch(
@@ -118,9 +161,11 @@ class WorkerPool:
                     self.worker_id,
                 )
                 self.inflight[row["id"]] = attempt
-                self._idle = anyio.Event()
-                tg.start_soon(self._execute, row, attempt)
+                self._executing += 1
+                self._start(row, attempt)
                 started += 1
+            if rows:
+                self._idle = anyio.Event()
         self._update_slot_gauge()
         return started
 
@@ -138,7 +183,7 @@ class WorkerPool:
 
     async def seconds_until_work(self) -> float:
         cap = self.max_sleep.total_seconds()
-        if len(self.inflight) >= self.slots:
+        if self._free_slots() <= 0:
             return cap  # a finishing attempt wakes us
         ready = [p for p, limiter in self.limiters.items() if limiter.available() > 0]
         rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
@@ -155,51 +200,77 @@ class WorkerPool:
 
     # --- executing ------------------------------------------------------------------------
 
+    def _start(self, row: asyncpg.Record, attempt: InFlight) -> None:
+        # A plain asyncio task: TaskGroup.start_soon costs four times as much per spawn, which
+        # shows at thousands of runs a second. The pool keeps the set and, on the way out,
+        # cancels and awaits it itself (_stop_attempts), as a task group would.
+        task = asyncio.get_running_loop().create_task(self._execute(row, attempt))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # _execute settles every outcome itself; this is a bug, and it must be seen
+            self.metrics.role_errors.labels("worker").inc()
+            log.error("attempt.crashed", error=repr(exc))
+
+    async def _stop_attempts(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(tasks)
+
     async def _execute(self, row: asyncpg.Record, attempt: InFlight) -> None:
-        bound = log.bind(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            attempt_id=str(row["attempt_id"]),
-            worker_id=self.worker_id,
-        )
-        self.metrics.start_lag.observe(max(0.0, row["start_lag"]))
-        started = anyio.current_time()
-        outcome: ExecutionResult | ExecutorError | None = None
+        submitted = False
         try:
+            self.metrics.start_lag.observe(max(0.0, row["start_lag"]))
             if not row["enabled"]:
-                await self._finish(
-                    attempt,
-                    row,
-                    bound,
-                    status="skipped",
-                    attempt_status="skipped",
-                    skip_reason="disabled",
+                submitted = self._finish(
+                    attempt, row, status="skipped", attempt_status="skipped", skip_reason="disabled"
                 )
                 self.metrics.dropped_ticks.labels("disabled").inc()
                 return
-            bound.debug("attempt.started", attempt=row["attempts"], provider=attempt.provider)
-            with attempt.scope:
-                outcome = await self._call_executor(row, attempt)
-            duration = anyio.current_time() - started
-            await self._settle(row, attempt, outcome, duration, bound)
+            if _debug_enabled():
+                log.debug(
+                    "attempt.started",
+                    **_ids(row, self.worker_id),
+                    attempt=row["attempts"],
+                    provider=attempt.provider,
+                )
+            started = time.monotonic()
+            outcome = await self._call_executor(row, attempt)
+            submitted = self._settle(row, attempt, outcome, time.monotonic() - started)
         finally:
-            if attempt.permit is not None:
-                attempt.permit.release()
-            self.inflight.pop(attempt.run_id, None)
-            self._update_slot_gauge()
-            if not self.inflight:
-                self._idle.set()
-            self.wakeup.set()
+            self._executing -= 1
+            if not submitted:
+                self._forget(attempt)
+            self.wakeup.set()  # a slot is free: the dispatcher claims (and updates the gauge)
+
+    def _forget(self, attempt: InFlight) -> None:
+        """The attempt is over for this process: no more heartbeats, its lease is not ours."""
+        # The provider permit is held until here, not just while the executor runs: a provider
+        # limit of N keeps at most N of its runs `running`, the rest wait as `pending` rows.
+        if attempt.permit is not None:
+            attempt.permit.release()
+        self.inflight.pop(attempt.run_id, None)
+        if not self.inflight:
+            self._idle.set()
+        self.wakeup.set()
 
     async def _render(self, row: asyncpg.Record) -> tuple[str, dict[str, Any]]:
         """The prompt and params of this attempt, templates filled in from the run context."""
         params = dict(row["params"] or {})
         system = params.get("system")
-        texts = {
-            "prompt": row["prompt"],
-            "params.system": system if isinstance(system, str) else "",
-        }
-        used = {v for field, t in texts.items() for v in template.variables_used(t, field=field)}
+        used = template.variables_used(row["prompt"]) | (
+            template.variables_used(system, field="params.system")
+            if isinstance(system, str)
+            else frozenset()
+        )
+        if not used:  # a prompt without tags is its own rendering
+            return row["prompt"], params
         previous = None
         if any(v.startswith("previous_") for v in used):
             previous = await queries.run_previous_success(
@@ -220,6 +291,26 @@ class WorkerPool:
         return prompt, params
 
     async def _call_executor(
+        self, row: asyncpg.Record, attempt: InFlight
+    ) -> ExecutionResult | ExecutorError | None:
+        """The attempt's outcome; None when it was stopped (fenced, released or cancelled).
+
+        One cancel scope carries both ways an attempt stops early: its timeout (the scope's
+        deadline) and a heartbeat or drain that cancels it (which sets a flag first).
+        """
+        timeout = row["timeout_seconds"]
+        scope = attempt.scope
+        outcome: ExecutionResult | ExecutorError | None = None
+        with scope:
+            scope.deadline = anyio.current_time() + timeout
+            outcome = await self._attempt(row, attempt)
+        if attempt.fenced or attempt.released or attempt.cancel_requested:
+            return None
+        if scope.cancelled_caught:
+            return AttemptTimeout(f"timed out after {timeout:g}s")
+        return outcome
+
+    async def _attempt(
         self, row: asyncpg.Record, attempt: InFlight
     ) -> ExecutionResult | ExecutorError:
         try:
@@ -246,59 +337,45 @@ class WorkerPool:
                 run_id=row["id"], attempt_id=row["attempt_id"], attempt=row["attempts"],
             ).record,
         )  # fmt: skip
-        timeout = row["timeout_seconds"]
         try:
-            with anyio.fail_after(timeout):
-                return await self.registry.get(attempt.provider).execute(request)
-        except TimeoutError:
-            return AttemptTimeout(f"timed out after {timeout:g}s")
+            return await self.registry.get(attempt.provider).execute(request)
         except ExecutorError as exc:
             return exc
         except Exception as exc:  # an executor bug must not take down the worker slot
-            log.exception(
-                "attempt.executor_crashed",
-                run_id=row["id"],
-                schedule_id=row["schedule_id"],
-                attempt_id=str(row["attempt_id"]),
-                worker_id=self.worker_id,
-            )
+            log.exception("attempt.executor_crashed", **_ids(row, self.worker_id))
             return RetryableError(f"executor crashed: {exc!r}")
 
-    async def _settle(
+    def _settle(
         self,
         row: asyncpg.Record,
         attempt: InFlight,
         outcome: ExecutionResult | ExecutorError | None,
         duration: float,
-        bound: Any,
-    ) -> None:
+    ) -> bool:
+        """Queue the attempt's final write; False when it must write nothing."""
         if attempt.fenced or attempt.released:
-            return  # the lease is gone: this attempt writes nothing
+            return False  # the lease is gone: this attempt writes nothing
         provider = attempt.provider
         if attempt.cancel_requested or outcome is None:
-            self.metrics.run_duration.labels(provider, "cancelled").observe(duration)
-            await self._finish(
+            self._duration(provider, "cancelled").observe(duration)
+            return self._finish(
                 attempt,
                 row,
-                bound,
                 status="cancelled",
                 attempt_status="cancelled",
                 error="cancelled while running",
             )
-            return
         if isinstance(outcome, ExecutionResult):
-            self.metrics.run_duration.labels(provider, "succeeded").observe(duration)
-            await self._finish(
+            self._duration(provider, "succeeded").observe(duration)
+            return self._finish(
                 attempt,
                 row,
-                bound,
                 status="succeeded",
                 attempt_status="succeeded",
                 output=outcome.output,
                 usage=dict(outcome.usage) if outcome.usage else None,
             )
-            return
-        self.metrics.run_duration.labels(provider, "failed").observe(duration)
+        self._duration(provider, "failed").observe(duration)
         decision = decide(
             retryable=outcome.retryable,
             retry_after=outcome.retry_after,
@@ -308,79 +385,109 @@ class WorkerPool:
         )
         if decision.action == "retry":
             self.metrics.retries.labels(provider).inc()
-            await self._finish(
+            return self._finish(
                 attempt,
                 row,
-                bound,
                 status="pending",
                 attempt_status="failed",
                 error=outcome.message,
                 retry_in=decision.delay,
             )
-        else:
-            self.metrics.dead_letters.labels(provider).inc()
-            await self._finish(
-                attempt, row, bound, status="dead", attempt_status="failed", error=outcome.message
-            )
+        self.metrics.dead_letters.labels(provider).inc()
+        return self._finish(
+            attempt, row, status="dead", attempt_status="failed", error=outcome.message
+        )
 
-    async def _finish(
-        self, attempt: InFlight, row: asyncpg.Record, bound: Any, **fields: Any
-    ) -> None:
+    def _finish(self, attempt: InFlight, row: asyncpg.Record, **fields: Any) -> bool:
         attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
-        # Shielded: a shutdown must not cut the final write in half.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            try:
-                landed = await self.finalizer.finish(
-                    queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
-                )
-            except Exception as exc:  # the database is unreachable: never take the pool down
+        item = queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
+        self.finalizer.submit(
+            item, lambda outcome: self._finished_write(attempt, row, item, outcome)
+        )
+        return True
+
+    def _finished_write(
+        self, attempt: InFlight, row: asyncpg.Record, item: queries.Finish, outcome: Outcome
+    ) -> None:
+        """Called by the finalizer once the attempt's final write landed, was fenced or failed."""
+        forget = True
+        try:
+            if isinstance(outcome, Exception):
                 # Whether the write landed is unknown. If not, the run keeps our lease until it
                 # expires (this attempt no longer heartbeats) and the reaper decides.
                 self.metrics.role_errors.labels("worker").inc()
-                bound.warning("attempt.finalize_failed", status=fields["status"], error=repr(exc))
-                return
-            if landed:
-                if fields["status"] != "pending":
-                    self.metrics.runs_finished.labels(fields["status"]).inc()
-                if fields["status"] == "dead":
-                    try:
-                        await autopause.check(
-                            self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
-                        )
-                    except Exception as exc:  # the run is dead already; its next death checks
-                        self.metrics.role_errors.labels("worker").inc()
-                        bound.warning("autopause.check_failed", error=repr(exc))
-                bound.info(
-                    f"run.{fields['status']}",
-                    attempt=row["attempts"],
-                    error=fields.get("error"),
-                    retry_in=str(fields["retry_in"]) if "retry_in" in fields else None,
+                log.warning(
+                    "attempt.finalize_failed",
+                    **_ids(row, self.worker_id),
+                    status=item.status,
+                    error=repr(outcome),
                 )
-            else:
+            elif not outcome:
                 self.heartbeat.fence(attempt, "finalize_rejected")
+            else:
+                if item.status != "pending":
+                    counter = self._finished.get(item.status)
+                    if counter is None:
+                        counter = self._finished[item.status] = self.metrics.runs_finished.labels(
+                            item.status
+                        )
+                    counter.inc()
+                if item.status == "dead" and self._tg is not None:
+                    # The attempt stays ours until the check is done, so drain waits for it.
+                    self._tg.start_soon(self._autopause, attempt, row)
+                    forget = False
+                if _info_enabled():
+                    log.info(
+                        f"run.{item.status}",
+                        **_ids(row, self.worker_id),
+                        attempt=row["attempts"],
+                        error=item.error,
+                        retry_in=str(item.retry_in) if item.retry_in is not None else None,
+                    )
+        finally:
+            if forget:
+                self._forget(attempt)
+
+    async def _autopause(self, attempt: InFlight, row: asyncpg.Record) -> None:
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await autopause.check(
+                    self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
+                )
+        except Exception as exc:  # the run is dead already; its next death checks again
+            self.metrics.role_errors.labels("worker").inc()
+            log.warning("autopause.check_failed", **_ids(row, self.worker_id), error=repr(exc))
+        finally:
+            self._forget(attempt)
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def run_once(self) -> int:
         """Drain mode: claim and execute everything due now, then return the number run."""
         total = 0
-        async with anyio.create_task_group() as tg:
-            while True:
-                # Done only when a claim that began with nothing in flight found nothing: an
-                # attempt finishing during the claim's awaits may have freed a provider limit.
-                idle_before = not self.inflight
-                started = await self.claim(tg)
-                total += started
-                if started == 0 and idle_before and not self.inflight:
-                    break
-                await self.wakeup.wait(0.05 if started == 0 else 0)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await tg.start(self.finalizer.run)
+                while True:
+                    # Done only when a claim that began with nothing in flight found nothing:
+                    # an attempt finishing during the claim's awaits may have freed a limit.
+                    idle_before = not self.inflight
+                    started = await self.claim()
+                    total += started
+                    if started == 0 and idle_before and not self.inflight:
+                        break
+                    await self.wakeup.wait(0.05 if started == 0 else 0)
+                tg.cancel_scope.cancel()
+        finally:
+            await self._stop_attempts()
         return total
 
-    async def _dispatch(self, tg: TaskGroup) -> None:
+    async def _dispatch(self) -> None:
         failures = 0
         while self.claiming:
             try:
-                started = await self.claim(tg)
+                started = await self.claim()
                 if started:
                     self._blocked_backoff = 0.0
                 delay = 0.0 if started else await self.seconds_until_work()
@@ -395,12 +502,17 @@ class WorkerPool:
                 await self.wakeup.wait(delay)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.heartbeat.run)
-            task_status.started()
-            await self._dispatch(tg)
-            await self._idle.wait()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await tg.start(self.heartbeat.run)
+                await tg.start(self.finalizer.run)
+                task_status.started()
+                await self._dispatch()
+                await self._idle.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            await self._stop_attempts()
 
     async def drain(self, grace: timedelta) -> int:
         """Stop claiming, let in-flight attempts finish for ``grace``, then hand the rest back
@@ -409,21 +521,26 @@ class WorkerPool:
         self.wakeup.set()
         with anyio.move_on_after(grace.total_seconds()):
             await self._idle.wait()
-        remaining = list(self.inflight.values())
-        if not remaining:
-            return 0
-        for attempt in remaining:
-            attempt.released = True
-            attempt.scope.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            count = await queries.run_release_many(
-                self.pool,
-                self.clock.sql_now(),
-                [a.run_id for a in remaining],
-                [a.attempt_id for a in remaining],
-            )
-            await queries.run_notify_ready(self.pool, "released")
-            self.metrics.leases_released.inc(count)
-            log.info("worker.released", runs=count)
-            return count
-        return 0
+        # An attempt whose final write is queued is decided by that write, not released.
+        remaining = [a for a in self.inflight.values() if not a.finishing]
+        count = 0
+        with anyio.CancelScope(shield=True):
+            if remaining:
+                for attempt in remaining:
+                    attempt.released = True
+                    attempt.scope.cancel()
+                with anyio.move_on_after(10):
+                    count = await queries.run_release_many(
+                        self.pool,
+                        self.clock.sql_now(),
+                        [a.run_id for a in remaining],
+                        [a.attempt_id for a in remaining],
+                    )
+                    await queries.run_notify_ready(self.pool, "released")
+                    self.metrics.leases_released.inc(count)
+                    log.info("worker.released", runs=count)
+            # The queued final writes land (each batch is bounded by the finalizer).
+            with anyio.move_on_after(self.finalizer.write_timeout + 1):
+                await self._idle.wait()
+        self._update_slot_gauge()
+        return count
