@@ -6,7 +6,9 @@ from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
+import anyio
 import asyncpg
+import pytest
 
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
@@ -14,6 +16,7 @@ from promptsched.roles.reaper import Reaper
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH
+from tests.helpers import wait_until
 
 
 async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
@@ -218,3 +221,113 @@ async def test_a_cancel_requested_run_whose_worker_died_ends_cancelled(
     run = await _run(pool, rid)
     assert (run["status"], run["cancel_requested"]) == ("cancelled", False)
     assert run["finished_at"] == clock.instant
+
+
+async def _statuses(pool: asyncpg.Pool[Any]) -> dict[str, int]:
+    rows = await pool.fetch("SELECT status, count(*)::int FROM runs GROUP BY status")
+    return {row["status"]: row["count"] for row in rows}
+
+
+async def test_attempts_finishing_together_share_one_final_write(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await factories.schedule(pool)
+    for second in range(12):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    finish_many = queries.run_finish_many
+    batches: list[int] = []
+
+    async def counted(db: Any, now: Any, batch: Any) -> set[int]:
+        batches.append(len(batch))
+        return await finish_many(db, now, batch)
+
+    monkeypatch.setattr(queries, "run_finish_many", counted)
+    assert await factories.worker_pool(pool, FrozenClock(EPOCH), slots=12).run_once() == 12
+    assert batches == [12]  # one statement for the twelve attempts of one claim
+    assert await _statuses(pool) == {"succeeded": 12}
+    attempts = await pool.fetch("SELECT DISTINCT status FROM run_attempts")
+    assert [row["status"] for row in attempts] == ["succeeded"]
+
+
+async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two slots. The first pair's final write is held: their slots are free already, so the
+    # next pair is claimed and run meanwhile; then no more (queued writes are bounded to one
+    # slot count), and nothing is lost when the write goes through.
+    sid = await factories.schedule(pool)
+    for second in range(6):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    finish_many = queries.run_finish_many
+    gate = anyio.Event()
+    held: list[int] = []
+
+    async def held_first(db: Any, now: Any, batch: Any) -> set[int]:
+        if not held:
+            held.append(len(batch))
+            await gate.wait()
+        return await finish_many(db, now, batch)
+
+    monkeypatch.setattr(queries, "run_finish_many", held_first)
+    workers = factories.worker_pool(pool, FrozenClock(EPOCH), slots=2)
+    claimed: list[int] = []
+    claim_batch = queries.run_claim_batch
+
+    async def recorded(*args: Any) -> Any:
+        rows = await claim_batch(*args)
+        claimed.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(queries, "run_claim_batch", recorded)
+    async with anyio.create_task_group() as tg:
+
+        async def drain() -> None:
+            assert await workers.run_once() == 6
+
+        tg.start_soon(drain)
+
+        async def four_running() -> bool:
+            return (await _statuses(pool)).get("running") == 4
+
+        await wait_until(four_running, timeout=10, what="the second pair claimed")
+        assert held == [2] and claimed == [2, 2]
+        assert len(workers.inflight) == 4  # both pairs keep their leases (heartbeats go on)
+        gate.set()
+    assert await _statuses(pool) == {"succeeded": 6}
+    assert sum(claimed) == 6
+
+
+async def test_drain_lets_a_queued_final_write_land_instead_of_releasing_it(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = await factories.pending_run(pool, await factories.schedule(pool))
+    finish_many = queries.run_finish_many
+    writing = anyio.Event()
+    gate = anyio.Event()
+
+    async def held(db: Any, now: Any, batch: Any) -> set[int]:
+        writing.set()
+        await gate.wait()
+        return await finish_many(db, now, batch)
+
+    monkeypatch.setattr(queries, "run_finish_many", held)
+    metrics = Metrics()
+    workers = factories.worker_pool(pool, FrozenClock(EPOCH), metrics)
+    async with anyio.create_task_group() as tg:
+        await tg.start(workers.run)
+        workers.notify()
+        with anyio.fail_after(10):
+            await writing.wait()
+        async with anyio.create_task_group() as stopping:
+
+            async def drain() -> None:
+                assert await workers.drain(timedelta(0)) == 0  # nothing released
+
+            stopping.start_soon(drain)
+            gate.set()
+        tg.cancel_scope.cancel()
+    run = await _run(pool, rid)
+    assert (run["status"], run["releases"]) == ("succeeded", 0)
+    assert await _attempts(pool, rid) == ["succeeded"]
+    assert metrics.leases_released._value.get() == 0
+    assert metrics.fenced_writes._value.get() == 0
