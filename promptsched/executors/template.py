@@ -86,6 +86,11 @@ def _pieces(template: str, field: str) -> tuple[tuple[bool, str], ...]:
 
 def variables_used(template: str, *, field: str = "prompt") -> frozenset[str]:
     """The variable names a (valid) template refers to."""
+    return _variables(template, field)
+
+
+@lru_cache(maxsize=4096)
+def _variables(template: str, field: str) -> frozenset[str]:
     return frozenset(text for is_variable, text in _pieces(template, field) if is_variable)
 
 
