@@ -9,10 +9,13 @@ from typing import Any
 
 import anyio
 import asyncpg
+import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
 from promptsched.store import queries
+
+log = structlog.get_logger("finalizer")
 
 # True: the write landed. False: the attempt was stale (fenced) and changed nothing. An
 # exception: the database failed, so whether the write landed is unknown.
@@ -77,4 +80,7 @@ class Finalizer:
             if scope.cancelled_caught:
                 outcome = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
             for item, done in batch:
-                done(item.run_id in outcome if isinstance(outcome, set) else outcome)
+                try:
+                    done(item.run_id in outcome if isinstance(outcome, set) else outcome)
+                except Exception:  # a bug in one report must not stop the others' writes
+                    log.exception("finalizer.report_failed", run_id=item.run_id)
