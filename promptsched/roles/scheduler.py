@@ -1,9 +1,19 @@
 """The scheduler owns time: it turns due slots into run rows and advances each cursor in the
-same transaction, so a crash between the two is impossible."""
+same transaction, so a crash between the two is impossible.
+
+A batch is two statements in one transaction. ``schedule_take_due`` locks up to ``batch`` due
+schedules and returns them grouped by what their plan depends on (expression, zone, cursor,
+misfire and overlap settings, unfinished runs), so the 9 o'clock rush of ten thousand
+schedules sharing an expression computes its fire times once. ``schedule_tick`` then advances
+every cursor, applies overlap cancel_other, inserts every run row and sends the NOTIFY, in one
+round trip. Python work per schedule is list building only, unless the schedule has jitter
+(its offset hashes its own id).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -12,15 +22,15 @@ from typing import Any
 import anyio
 import asyncpg
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
+from promptsched import logs
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.schedule import jitter, overlap, policies
 from promptsched.schedule.spec import Spec
 from promptsched.store import queries
-from promptsched.store.pool import Conn
 
 log = structlog.get_logger("scheduler")
 
@@ -32,15 +42,6 @@ class TickCounts:
     skipped: int = 0
     duplicates: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-
-
-@lru_cache(maxsize=65_536)
-def _plan(
-    spec: Spec, due_from: datetime, now: datetime, misfire: policies.Misfire
-) -> policies.TickPlan:
-    # Schedules sharing an expression, zone and cursor (the 9 o'clock rush) share one
-    # computation.
-    return policies.plan_tick(spec, due_from, now, misfire)
 
 
 @lru_cache(maxsize=4096)
@@ -67,7 +68,6 @@ def _misfire_of(
 
 
 def _spec(row: asyncpg.Record) -> Spec:
-    # Cached: the rows of a rush share a handful of specs, and the plan cache keys on them.
     return _spec_of(
         row["kind"], row["expression"], row["timezone"], row["dst_gap"], row["dst_fold"]
     )
@@ -79,6 +79,100 @@ def _misfire(row: asyncpg.Record) -> policies.Misfire:
     )
 
 
+@dataclass
+class _Batch:
+    """The write of one batch, built group by group (see ``queries.TickWrite``)."""
+
+    schedules: int = 0
+    planned: int = 0  # run rows planned, over all schedules
+    dropped: Counter[str] = field(default_factory=Counter)
+    plans: dict[tuple[Spec, datetime, datetime, policies.Misfire], policies.TickPlan] = field(
+        default_factory=dict
+    )
+    ids: list[int] = field(default_factory=list)
+    variants: list[int] = field(default_factory=list)
+    next_fire_at: list[datetime | None] = field(default_factory=list)
+    cancel: list[bool] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
+    max_attempts: list[int] = field(default_factory=list)
+    overlap_policies: list[str] = field(default_factory=list)
+    row_variants: list[int] = field(default_factory=list)
+    slots: list[datetime] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    skip_reasons: list[str | None] = field(default_factory=list)
+    missed: list[int] = field(default_factory=list)
+    available_at: list[datetime] = field(default_factory=list)
+
+    def add_group(self, group: asyncpg.Record) -> None:
+        members: list[int] = group["ids"]
+        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+        plan = self.plans.get(key)
+        if plan is None:  # groups that differ only in overlap or copied columns share it
+            plan = self.plans[key] = policies.plan_tick(*key)
+        # Unfinished runs matter only to a plan that starts a run (cancel_other cancels them
+        # only for a newer run that takes their place).
+        starts = any(run.status == "pending" for run in plan.runs)
+        decision = overlap.apply(
+            group["overlap_policy"],
+            pending=group["unfinished"] if starts else 0,
+            running=0,
+            planned=plan.runs,
+        )
+        self.schedules += len(members)
+        self.planned += len(decision.runs) * len(members)
+        for reason, number in plan.dropped.items():
+            self.dropped[reason] += number * len(members)
+        spread: timedelta | None = group["jitter"]
+        if not spread:
+            variant = self._variant(group, plan, decision, None)
+            self.ids.extend(members)
+            self.variants.extend([variant] * len(members))
+            return
+        for sid in members:  # jitter hashes (schedule, slot): one variant per schedule
+            self.ids.append(sid)
+            self.variants.append(self._variant(group, plan, decision, (sid, spread)))
+
+    def _variant(
+        self,
+        group: asyncpg.Record,
+        plan: policies.TickPlan,
+        decision: overlap.OverlapDecision,
+        jittered: tuple[int, timedelta] | None,
+    ) -> int:
+        self.next_fire_at.append(plan.next_fire_at)
+        self.cancel.append(decision.cancel_unfinished)
+        self.providers.append(group["provider"])
+        self.max_attempts.append(group["max_attempts"])
+        self.overlap_policies.append(group["overlap_policy"])
+        variant = len(self.next_fire_at)
+        for run in decision.runs:
+            self.row_variants.append(variant)
+            self.slots.append(run.slot)
+            self.statuses.append(run.status)
+            self.skip_reasons.append(run.skip_reason)
+            self.missed.append(run.missed)
+            delay = jitter.offset(jittered[0], run.slot, jittered[1]) if jittered else None
+            self.available_at.append(run.slot + delay if delay else run.slot)
+        return variant
+
+    def write(self) -> queries.TickWrite:
+        return queries.TickWrite(
+            schedule_ids=self.ids,
+            variants=self.variants,
+            next_fire_at=self.next_fire_at,
+            cancel=self.cancel,
+            providers=self.providers,
+            max_attempts=self.max_attempts,
+            overlap_policies=self.overlap_policies,
+            row_variants=self.row_variants,
+            slots=self.slots,
+            statuses=self.statuses,
+            skip_reasons=self.skip_reasons,
+            missed=self.missed,
+            available_at=self.available_at,
+        )
+
+
 class Scheduler:
     def __init__(
         self,
@@ -88,12 +182,14 @@ class Scheduler:
         *,
         batch: int = 500,
         max_sleep: timedelta = timedelta(seconds=5),
+        pipeline: int = 2,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         self.batch = batch
         self.max_sleep = max_sleep
+        self.pipeline = max(1, pipeline)
         self.wakeup = Wakeup()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -101,131 +197,78 @@ class Scheduler:
         self.wakeup.set()
 
     async def run_once(self) -> TickCounts:
-        """Enqueue every due slot, in batches, until none is due."""
+        """Enqueue every due slot, in batches, until none is due.
+
+        A full batch means more may be due: the next one starts on another connection as soon
+        as this one holds its schedules' locks, so in a rush up to ``pipeline`` batches write at
+        once. SKIP LOCKED keeps them apart, as it keeps replicas apart. A quiet tick runs one
+        batch and nothing more.
+        """
         total = TickCounts()
-        while True:
-            counts = await self._tick_batch()
+        slots = anyio.Semaphore(self.pipeline)
+
+        async def batch(tg: TaskGroup) -> None:
+            async with slots:
+                counts = await self._tick_batch(lambda: tg.start_soon(batch, tg))
             total.schedules += counts.schedules
             total.enqueued += counts.enqueued
             total.skipped += counts.skipped
             total.duplicates += counts.duplicates
             total.dropped.update(counts.dropped)
-            if counts.schedules < self.batch:
-                return total
 
-    async def _tick_batch(self) -> TickCounts:
-        counts = TickCounts()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(batch, tg)
+        except BaseExceptionGroup as group:
+            # Each batch is its own transaction: one that failed rolled back alone and its
+            # schedules stay due. Callers see the error itself, not a task-group wrapper.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        return total
+
+    async def _tick_batch(self, more: Callable[[], object]) -> TickCounts:
         now = self.clock.sql_now()
+        batch = _Batch()
         async with self.pool.acquire() as conn, conn.transaction():
-            due = await queries.schedule_take_due(conn, now, self.batch)
-            if not due:
-                return counts
-            db_now: datetime = due[0]["db_now"]
-            counts.schedules = len(due)
-            plans = {
-                row["id"]: _plan(_spec(row), row["next_fire_at"], db_now, _misfire(row))
-                for row in due
-            }
-            rows = await self._apply_overlap(conn, now, due, plans, counts)
-            inserted = await self._insert(conn, now, rows)
-            await queries.schedule_advance_many(
-                conn, [row["id"] for row in due], [plans[row["id"]].next_fire_at for row in due]
+            for group in await queries.schedule_take_due(conn, now, self.batch):
+                batch.add_group(group)
+            if batch.schedules >= self.batch:
+                more()
+            if not batch.schedules:
+                return TickCounts()
+            result = await queries.schedule_tick(
+                conn, now, batch.write(), all_rows=logs.enabled("debug")
             )
-            if any(r["status"] == "pending" for r in inserted):
-                await queries.run_notify_ready(conn, "tick")
-        self._count(counts, inserted, len(rows), plans)
-        return counts
+        return self._count(batch, result)
 
-    async def _apply_overlap(
-        self,
-        conn: Conn,
-        now: datetime | None,
-        due: list[asyncpg.Record],
-        plans: dict[int, policies.TickPlan],
-        counts: TickCounts,
-    ) -> list[tuple[int, policies.PlannedRun, datetime]]:
-        policy_of = {row["id"]: row["overlap_policy"] for row in due}
-        jitter_of = {row["id"]: row["jitter"] for row in due}
-        checked = [
-            sid
-            for sid, plan in plans.items()
-            if policy_of[sid] != "allow" and any(r.status == "pending" for r in plan.runs)
-        ]
-        unfinished = (
-            {
-                r["schedule_id"]: (r["pending"], r["running"])
-                for r in await queries.run_unfinished_counts(conn, checked)
-            }
-            if checked
-            else {}
+    def _count(self, batch: _Batch, result: asyncpg.Record) -> TickCounts:
+        counts = TickCounts(
+            schedules=batch.schedules,
+            enqueued=result["enqueued"],
+            skipped=result["skipped"],
+            duplicates=batch.planned - result["enqueued"] - result["skipped"],
+            dropped=batch.dropped,
         )
-        cancel: list[int] = []
-        rows: list[tuple[int, policies.PlannedRun, datetime]] = []
-        for sid, plan in plans.items():
-            pending, running = unfinished.get(sid, (0, 0))
-            decision = overlap.apply(
-                policy_of[sid], pending=pending, running=running, planned=plan.runs
-            )
-            if decision.cancel_unfinished:
-                cancel.append(sid)
-            for run in decision.runs:
-                delay = jitter.offset(sid, run.slot, jitter_of[sid]) if jitter_of[sid] else None
-                rows.append((sid, run, run.slot + delay if delay else run.slot))
-        if cancel:
-            result = await queries.run_cancel_unfinished(conn, now, cancel)
+        if result["overlap"]:
+            counts.dropped["overlap"] += result["overlap"]
+        if result["cancelled"]:
             counts.dropped["cancelled_by_overlap"] += result["cancelled"]
-        return rows
-
-    async def _insert(
-        self,
-        conn: Conn,
-        now: datetime | None,
-        rows: list[tuple[int, policies.PlannedRun, datetime]],
-    ) -> list[asyncpg.Record]:
-        if not rows:
-            return []
-        return await queries.run_insert_ticks(
-            conn,
-            now,
-            [sid for sid, _, _ in rows],
-            [run.slot for _, run, _ in rows],
-            [run.status for _, run, _ in rows],
-            [run.skip_reason for _, run, _ in rows],
-            [run.missed for _, run, _ in rows],
-            [available for _, _, available in rows],
-        )
-
-    def _count(
-        self,
-        counts: TickCounts,
-        inserted: list[asyncpg.Record],
-        planned: int,
-        plans: dict[int, policies.TickPlan],
-    ) -> None:
-        logger = log.bind()  # resolve the lazy proxy once, not once per row
-        for row in inserted:
-            # One line per run created, bound to its ids: a skipped tick at info (a dropped
-            # slot is news), an enqueued one at debug (a 9 o'clock rush writes thousands).
-            (logger.debug if row["status"] == "pending" else logger.info)(
-                "run.enqueued" if row["status"] == "pending" else "run.skipped",
-                run_id=row["id"],
-                schedule_id=row["schedule_id"],
-                slot=row["slot"].isoformat(),
-                skip_reason=row["skip_reason"],
-                missed_slots=row["missed_slots"],
+        observe = self.metrics.tick_lag.observe
+        for lag in result["lags"]:
+            observe(lag if lag > 0.0 else 0.0)
+        # One line per run created, bound to its ids: a skipped tick at info (a dropped slot
+        # is news), an enqueued one at debug (a 9 o'clock rush writes thousands, so the
+        # statement returns those only when debug is on).
+        for run_id, schedule_id, slot, status, skip_reason, missed in result["logged"]:
+            (log.debug if status == "pending" else log.info)(
+                "run.enqueued" if status == "pending" else "run.skipped",
+                run_id=run_id,
+                schedule_id=schedule_id,
+                slot=slot.isoformat(),
+                skip_reason=skip_reason,
+                missed_slots=missed,
             )
-            if row["status"] == "pending":
-                counts.enqueued += 1
-                self.metrics.tick_lag.observe(
-                    max(0.0, (row["created_at"] - row["slot"]).total_seconds())
-                )
-            else:
-                counts.skipped += 1
-                if row["skip_reason"] == "overlap":
-                    counts.dropped["overlap"] += 1
-        counts.duplicates = planned - len(inserted)
-        for plan in plans.values():
-            counts.dropped.update(plan.dropped)
         self.metrics.ticks.labels("enqueued").inc(counts.enqueued)
         self.metrics.ticks.labels("skipped").inc(counts.skipped)
         self.metrics.ticks.labels("duplicate").inc(counts.duplicates)
@@ -239,6 +282,7 @@ class Scheduler:
                 skipped=counts.skipped,
                 duplicates=counts.duplicates,
             )
+        return counts
 
     async def seconds_until_due(self) -> float:
         seconds = await queries.schedule_seconds_until_due(self.pool, self.clock.sql_now())

@@ -62,13 +62,58 @@ async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | 
 
 
 async def schedule_take_due(db: DB, now: datetime | None, limit: int) -> list[Record]:
+    """Lock up to ``limit`` due schedules: one row per group that plans alike, with its ids."""
     return await db.fetch(_Q["schedule_take_due"], now, limit)
 
 
-async def schedule_advance_many(
-    db: DB, ids: Sequence[int], next_fire_at: Sequence[datetime | None]
-) -> None:
-    await db.execute(_Q["schedule_advance_many"], ids, next_fire_at)
+@dataclass(frozen=True, slots=True)
+class TickWrite:
+    """One batch for ``schedule_tick``: each schedule follows one variant of the batch's plans.
+
+    Per schedule: ``schedule_ids``, ``variants`` (a 1-based index into the per-variant lists).
+    Per variant: ``next_fire_at`` (None: never fires again), ``cancel`` (cancel its unfinished
+    runs), and the schedule columns its runs copy. Per run row: ``row_variants`` and the row.
+    """
+
+    schedule_ids: Sequence[int]
+    variants: Sequence[int]
+    next_fire_at: Sequence[datetime | None]
+    cancel: Sequence[bool]
+    providers: Sequence[str]
+    max_attempts: Sequence[int]
+    overlap_policies: Sequence[str]
+    row_variants: Sequence[int]
+    slots: Sequence[datetime]
+    statuses: Sequence[str]
+    skip_reasons: Sequence[str | None]
+    missed: Sequence[int]
+    available_at: Sequence[datetime]
+
+
+async def schedule_tick(
+    db: DB, now: datetime | None, write: TickWrite, *, all_rows: bool
+) -> Record:
+    """Advance the cursors and insert the run rows of a batch locked by schedule_take_due."""
+    row = await db.fetchrow(
+        _Q["schedule_tick"],
+        now,
+        write.schedule_ids,
+        write.variants,
+        write.next_fire_at,
+        write.cancel,
+        write.providers,
+        write.max_attempts,
+        write.overlap_policies,
+        write.row_variants,
+        write.slots,
+        write.statuses,
+        write.skip_reasons,
+        write.missed,
+        write.available_at,
+        all_rows,
+    )
+    assert row is not None
+    return row
 
 
 async def schedule_seconds_until_due(db: DB, now: datetime | None) -> float | None:
@@ -122,28 +167,6 @@ async def schedule_notify_changed(db: DB, schedule_id: int) -> None:
 # --- runs -----------------------------------------------------------------------------------
 
 
-async def run_insert_ticks(
-    db: DB,
-    now: datetime | None,
-    schedule_ids: Sequence[int],
-    slots: Sequence[datetime],
-    statuses: Sequence[str],
-    skip_reasons: Sequence[str | None],
-    missed: Sequence[int],
-    available_at: Sequence[datetime],
-) -> list[Record]:
-    return await db.fetch(
-        _Q["run_insert_ticks"],
-        schedule_ids,
-        slots,
-        statuses,
-        skip_reasons,
-        missed,
-        available_at,
-        now,
-    )
-
-
 async def run_insert_manual(db: DB, schedule_id: int, now: datetime | None) -> Record | None:
     return await db.fetchrow(_Q["run_insert_manual"], schedule_id, now)
 
@@ -156,18 +179,6 @@ async def run_insert_backfill(
 
 async def run_previous_success(db: DB, schedule_id: int, slot: datetime) -> Record | None:
     return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot)
-
-
-async def run_unfinished_counts(db: DB, schedule_ids: Sequence[int]) -> list[Record]:
-    return await db.fetch(_Q["run_unfinished_counts"], schedule_ids)
-
-
-async def run_cancel_unfinished(
-    db: DB, now: datetime | None, schedule_ids: Sequence[int]
-) -> Record:
-    row = await db.fetchrow(_Q["run_cancel_unfinished"], schedule_ids, now)
-    assert row is not None
-    return row
 
 
 async def run_claim_batch(

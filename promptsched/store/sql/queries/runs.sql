@@ -1,46 +1,3 @@
--- name: run_insert_ticks
--- One row per planned slot. The partial unique index on (schedule_id, slot) for cadence
--- runs makes a second scheduler's insert of the same slot a no-op (invariant 1).
-INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
-                  max_attempts, available_at, serial, finished_at, created_at)
-SELECT t.schedule_id, t.slot, 'cadence', t.status, t.skip_reason, t.missed, s.provider,
-       s.max_attempts, t.available_at, s.overlap_policy IN ('buffer_one', 'buffer_all'),
-       CASE WHEN t.status = 'skipped' THEN coalesce($7::timestamptz, now()) END,
-       -- the real instant, not the transaction's start: tick lag is measured from it
-       coalesce($7::timestamptz, clock_timestamp())
-FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::text[], $5::integer[],
-            $6::timestamptz[])
-         AS t(schedule_id, slot, status, skip_reason, missed, available_at)
-JOIN schedules s ON s.id = t.schedule_id
-ON CONFLICT (schedule_id, slot) WHERE origin = 'cadence' DO NOTHING
-RETURNING id, schedule_id, slot, status, skip_reason, missed_slots, created_at;
-
--- name: run_unfinished_counts
-SELECT schedule_id,
-       count(*) FILTER (WHERE status = 'pending')::int AS pending,
-       count(*) FILTER (WHERE status = 'running')::int AS running
-FROM runs
-WHERE schedule_id = ANY($1::bigint[]) AND status IN ('pending', 'running')
-GROUP BY schedule_id;
-
--- name: run_cancel_unfinished
--- overlap=cancel_other: pending runs end cancelled now; running ones are asked to stop and
--- learn it through their next heartbeat.
-WITH pending AS (
-    UPDATE runs
-    SET status = 'cancelled', finished_at = coalesce($2::timestamptz, now()),
-        error = 'cancelled by a newer slot (overlap cancel_other)'
-    WHERE schedule_id = ANY($1::bigint[]) AND status = 'pending'
-    RETURNING id
-), running AS (
-    UPDATE runs
-    SET cancel_requested = true
-    WHERE schedule_id = ANY($1::bigint[]) AND status = 'running' AND NOT cancel_requested
-    RETURNING id
-)
-SELECT (SELECT count(*) FROM pending)::int AS cancelled,
-       (SELECT count(*) FROM running)::int AS signalled;
-
 -- name: run_claim_batch
 -- Lock up to $3 claimable runs of provider $2 in claim-index order, skipping rows other
 -- workers hold, then mint a fresh attempt_id (the fencing token) for each and record the
@@ -72,14 +29,14 @@ WITH candidates AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
     FROM candidates c, schedules s
     WHERE r.id = c.id AND s.id = r.schedule_id
-    RETURNING r.id, r.schedule_id, r.slot, r.origin, r.attempt_id, r.attempts, r.releases,
-              r.max_attempts, r.missed_slots
+    RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
+              r.max_attempts
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
 )
-SELECT c.*, s.name, s.owner, s.prompt, s.model, s.params, s.timezone, s.enabled,
-       s.paused_until, extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
+SELECT c.*, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+       extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
        extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag
 FROM claimed c
 JOIN schedules s ON s.id = c.schedule_id;

@@ -11,23 +11,117 @@ RETURNING *;
 SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 
 -- name: schedule_take_due
--- Lock due schedules in cursor order; SKIP LOCKED lets several schedulers share the work
--- without waiting on each other. Walks schedules_due_idx.
-SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, misfire_policy,
-       misfire_cap, misfire_grace, catchup_window, overlap_policy, jitter,
-       coalesce($1::timestamptz, now()) AS db_now
-FROM schedules
-WHERE enabled AND next_fire_at <= coalesce($1::timestamptz, now())
-ORDER BY next_fire_at
-LIMIT $2
-FOR UPDATE SKIP LOCKED;
+-- Lock up to $2 due schedules in cursor order; SKIP LOCKED lets several schedulers share the
+-- work without waiting on each other (walks schedules_due_idx). NO KEY UPDATE is the lock the
+-- cursor advance needs: it excludes other schedulers and editors, yet lets a concurrent insert
+-- of a run (manual trigger, backfill) check its foreign key without waiting.
+-- One row per group of schedules that share a fire-time computation, an overlap decision and
+-- the columns their runs copy (provider, max_attempts), with the ids of its schedules: the
+-- scheduler plans per group, not per schedule.
+-- `unfinished` counts a schedule's pending or running runs, capped at 2 (the overlap policies
+-- only tell 0, 1 and 2+ apart, promptsched.schedule.overlap); `allow` and `buffer_all` never
+-- look. The ids reach runs_unfinished_idx as one array: a probe per schedule whatever the
+-- statistics say (a LATERAL probe can turn into a scan per schedule under stale ones, and a
+-- join into a read of every unfinished run).
+WITH due AS (
+    SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, misfire_policy,
+           misfire_cap, misfire_grace, catchup_window, overlap_policy, jitter, provider,
+           max_attempts
+    FROM schedules
+    WHERE enabled AND next_fire_at <= coalesce($1::timestamptz, now())
+    ORDER BY next_fire_at
+    LIMIT $2
+    FOR NO KEY UPDATE SKIP LOCKED
+), busy AS (
+    SELECT r.schedule_id, least(count(*), 2)::int AS unfinished
+    FROM runs r
+    WHERE r.status IN ('pending', 'running')
+      AND r.schedule_id = ANY (ARRAY(SELECT id FROM due
+                                     WHERE overlap_policy NOT IN ('allow', 'buffer_all')))
+    GROUP BY r.schedule_id
+)
+SELECT d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold, d.next_fire_at,
+       d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
+       d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0) AS unfinished,
+       array_agg(d.id) AS ids, coalesce($1::timestamptz, now()) AS db_now
+FROM due d
+LEFT JOIN busy b ON b.schedule_id = d.id
+GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
+         d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
+         d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0)
+ORDER BY d.next_fire_at;
 
--- name: schedule_advance_many
--- Move each cursor; a NULL next_fire_at means the schedule will never fire again.
-UPDATE schedules s
-SET next_fire_at = a.next_fire_at
-FROM unnest($1::bigint[], $2::timestamptz[]) AS a(id, next_fire_at)
-WHERE s.id = a.id;
+-- name: schedule_tick
+-- One statement writes a batch that schedule_take_due locked in this transaction. Each
+-- schedule ($2) follows a variant ($3, a 1-based index into $4..$8) of the batch's plans:
+-- its new cursor ($4, NULL: never fires again), whether its unfinished runs are cancelled
+-- ($5, overlap cancel_other), and what its runs copy from it ($6 provider, $7 max_attempts,
+-- $8 overlap policy), read under the same locks. The variant's run rows are $9..$14
+-- (variant, slot, status, skip_reason, missed slots, available_at). Cursor advance and run
+-- rows land together. The partial unique index on (schedule_id, slot) for cadence runs makes
+-- a second scheduler's row for the same slot a no-op (invariant 1). NOTIFY is delivered at
+-- commit. Returns counts, the tick lag of every pending row, and the rows to log: the skipped
+-- ones, and every one when $15.
+WITH t AS (
+    SELECT * FROM unnest($2::bigint[], $3::integer[]) AS t(id, variant)
+), v AS (
+    SELECT * FROM unnest($4::timestamptz[], $5::boolean[], $6::text[], $7::integer[],
+                         $8::text[]) WITH ORDINALITY
+        AS v(next_fire_at, cancel, provider, max_attempts, overlap_policy, variant)
+), r AS (
+    SELECT * FROM unnest($9::integer[], $10::timestamptz[], $11::text[], $12::text[],
+                         $13::integer[], $14::timestamptz[])
+        AS r(variant, slot, status, skip_reason, missed, available_at)
+), advanced AS (
+    UPDATE schedules s
+    SET next_fire_at = v.next_fire_at
+    FROM t JOIN v USING (variant)
+    WHERE s.id = t.id
+), doomed AS (
+    SELECT t.id FROM t JOIN v USING (variant) WHERE v.cancel
+), cancelled AS (
+    -- overlap=cancel_other: pending runs end cancelled now; running ones are asked to stop
+    -- and learn it through their next heartbeat. The statement's snapshot keeps the rows it
+    -- inserts out of reach.
+    UPDATE runs
+    SET status = 'cancelled', finished_at = coalesce($1::timestamptz, now()),
+        error = 'cancelled by a newer slot (overlap cancel_other)'
+    WHERE schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'pending'
+    RETURNING 1
+), signalled AS (
+    UPDATE runs
+    SET cancel_requested = true
+    WHERE schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'running'
+      AND NOT cancel_requested
+    RETURNING 1
+), inserted AS (
+    INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
+                      max_attempts, available_at, serial, finished_at, created_at)
+    SELECT t.id, r.slot, 'cadence', r.status, r.skip_reason, r.missed, v.provider,
+           v.max_attempts, r.available_at, v.overlap_policy IN ('buffer_one', 'buffer_all'),
+           CASE WHEN r.status = 'skipped' THEN coalesce($1::timestamptz, now()) END,
+           -- the real instant, not the transaction's start: tick lag is measured from it
+           coalesce($1::timestamptz, clock_timestamp())
+    FROM t
+    JOIN v USING (variant)
+    JOIN r USING (variant)
+    ON CONFLICT (schedule_id, slot) WHERE origin = 'cadence' DO NOTHING
+    RETURNING id, schedule_id, slot, status, skip_reason, missed_slots, created_at
+), woke AS (
+    SELECT pg_notify('promptsched_runs', 'tick')
+    FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) i
+)
+SELECT count(*) FILTER (WHERE status = 'pending')::int AS enqueued,
+       count(*) FILTER (WHERE status = 'skipped')::int AS skipped,
+       count(*) FILTER (WHERE skip_reason = 'overlap')::int AS overlap,
+       coalesce(array_agg(extract(epoch FROM created_at - slot)::float8)
+                FILTER (WHERE status = 'pending'), '{}') AS lags,
+       coalesce(array_agg((id, schedule_id, slot, status, skip_reason, missed_slots))
+                FILTER (WHERE $15::boolean OR status <> 'pending'), '{}') AS logged,
+       (SELECT count(*) FROM cancelled)::int AS cancelled,
+       (SELECT count(*) FROM signalled)::int AS signalled,
+       (SELECT count(*) FROM woke)::int AS woken
+FROM inserted;
 
 -- name: schedule_seconds_until_due
 -- The next instant the scheduler has work: a due cursor or a paused schedule to resume.
