@@ -82,16 +82,18 @@ WITH t AS (
 ), cancelled AS (
     -- overlap=cancel_other: pending runs end cancelled now; running ones are asked to stop
     -- and learn it through their next heartbeat. The statement's snapshot keeps the rows it
-    -- inserts out of reach.
+    -- inserts out of reach. A batch with nothing to cancel never reads runs here.
     UPDATE runs
     SET status = 'cancelled', finished_at = coalesce($1::timestamptz, now()),
         error = 'cancelled by a newer slot (overlap cancel_other)'
-    WHERE schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'pending'
+    WHERE true = ANY ($5::boolean[])
+      AND schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'pending'
     RETURNING 1
 ), signalled AS (
     UPDATE runs
     SET cancel_requested = true
-    WHERE schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'running'
+    WHERE true = ANY ($5::boolean[])
+      AND schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'running'
       AND NOT cancel_requested
     RETURNING 1
 ), inserted AS (
