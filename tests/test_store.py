@@ -141,6 +141,38 @@ async def test_claim_and_due_queries_use_their_indexes(
         assert "Seq Scan on schedules" not in plan, plan
 
 
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "stale-stats"])
+async def test_deleting_a_run_finds_its_replays_through_an_index(
+    pool: asyncpg.Pool[Any], analyzed: bool
+) -> None:
+    # ON DELETE SET NULL on runs.replay_of runs this lookup once per deleted run (retention
+    # purges thousands): without an index of its own it read the whole table each time.
+    async with pool.acquire() as conn:
+        sid = await conn.fetchval(
+            "INSERT INTO schedules (name, kind, expression, prompt) "
+            "VALUES ('s', 'cron', '* * * * *', 'p') RETURNING id"
+        )
+        await conn.execute(
+            "INSERT INTO runs (schedule_id, slot, provider, max_attempts, status, finished_at) "
+            "SELECT $1, now() - g * interval '1 second', 'echo', 3, 'dead', now() "
+            "FROM generate_series(1, 50000) g",
+            sid,
+        )
+        await conn.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, replay_of) "
+            "SELECT schedule_id, slot, 'replay', provider, max_attempts, id FROM runs "
+            "ORDER BY id LIMIT 100"
+        )
+        if analyzed:
+            await conn.execute("ANALYZE")
+        plan = await _plan(conn, "UPDATE ONLY runs SET replay_of = NULL WHERE $1 = replay_of", 7)
+        assert "runs_replay_of_idx" in plan, plan
+        assert "Seq Scan" not in plan, plan
+        replay = await conn.fetchval("SELECT id FROM runs WHERE replay_of = 1")
+        await conn.execute("DELETE FROM runs WHERE id = 1")
+        assert await conn.fetchval("SELECT replay_of FROM runs WHERE id = $1", replay) is None
+
+
 async def test_wrappers_round_trip_one_run(pool: asyncpg.Pool[Any]) -> None:
     sid = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt) "

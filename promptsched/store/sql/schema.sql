@@ -226,6 +226,7 @@ CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, 
 CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
+CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
