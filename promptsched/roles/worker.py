@@ -51,14 +51,6 @@ def _ids(row: asyncpg.Record, worker_id: str) -> dict[str, Any]:
     }
 
 
-def _debug_enabled() -> bool:
-    return logs.enabled("debug")
-
-
-def _info_enabled() -> bool:
-    return logs.enabled("info")
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -105,8 +97,7 @@ class WorkerPool:
         # Metric children resolved once: a label lookup per run adds up at thousands of runs/s.
         self._busy_gauge = metrics.worker_slots.labels("busy")
         self._idle_gauge = metrics.worker_slots.labels("idle")
-        self._finished: dict[str, Any] = {}
-        self._durations: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[object, ...], Any] = {}
         self._update_slot_gauge()
 
     @property
@@ -125,11 +116,12 @@ class WorkerPool:
         # a process claim without end.
         return min(self.slots - self._executing, 2 * self.slots - len(self.inflight))
 
-    def _duration(self, provider: str, outcome: str) -> Any:
-        key = (provider, outcome)
-        child = self._durations.get(key)
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per process."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
         if child is None:
-            child = self._durations[key] = self.metrics.run_duration.labels(provider, outcome)
+            child = self._children[key] = metric.labels(*labels)
         return child
 
     # --- claiming -------------------------------------------------------------------------
@@ -233,7 +225,7 @@ class WorkerPool:
                 )
                 self.metrics.dropped_ticks.labels("disabled").inc()
                 return
-            if _debug_enabled():
+            if logs.enabled("debug"):
                 log.debug(
                     "attempt.started",
                     **_ids(row, self.worker_id),
@@ -357,7 +349,7 @@ class WorkerPool:
             return False  # the lease is gone: this attempt writes nothing
         provider = attempt.provider
         if attempt.cancel_requested or outcome is None:
-            self._duration(provider, "cancelled").observe(duration)
+            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
             return self._finish(
                 attempt,
                 row,
@@ -366,7 +358,7 @@ class WorkerPool:
                 error="cancelled while running",
             )
         if isinstance(outcome, ExecutionResult):
-            self._duration(provider, "succeeded").observe(duration)
+            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
             return self._finish(
                 attempt,
                 row,
@@ -375,7 +367,7 @@ class WorkerPool:
                 output=outcome.output,
                 usage=dict(outcome.usage) if outcome.usage else None,
             )
-        self._duration(provider, "failed").observe(duration)
+        self._child(self.metrics.run_duration, provider, "failed").observe(duration)
         decision = decide(
             retryable=outcome.retryable,
             retry_after=outcome.retry_after,
@@ -426,17 +418,12 @@ class WorkerPool:
                 self.heartbeat.fence(attempt, "finalize_rejected")
             else:
                 if item.status != "pending":
-                    counter = self._finished.get(item.status)
-                    if counter is None:
-                        counter = self._finished[item.status] = self.metrics.runs_finished.labels(
-                            item.status
-                        )
-                    counter.inc()
+                    self._child(self.metrics.runs_finished, item.status).inc()
                 if item.status == "dead" and self._tg is not None:
                     # The attempt stays ours until the check is done, so drain waits for it.
                     self._tg.start_soon(self._autopause, attempt, row)
                     forget = False
-                if _info_enabled():
+                if logs.enabled("info"):
                     log.info(
                         f"run.{item.status}",
                         **_ids(row, self.worker_id),
