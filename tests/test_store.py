@@ -142,6 +142,33 @@ async def test_claim_and_due_queries_use_their_indexes(
 
 
 @pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "stale-stats"])
+async def test_a_large_claim_updates_its_runs_by_primary_key(
+    pool: asyncpg.Pool[Any], analyzed: bool
+) -> None:
+    # A claim of 64 from a backlog of 5,000: joined to the locked candidates, the update read
+    # the whole runs table into a hash once per claim (a cost that grew with the table).
+    async with pool.acquire() as conn:
+        sid = await conn.fetchval(
+            "INSERT INTO schedules (name, kind, expression, prompt) "
+            "VALUES ('s', 'cron', '* * * * *', 'p') RETURNING id"
+        )
+        await conn.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts) "
+            "SELECT $1, now() - g * interval '1 second', 'manual', 'echo', 3 "
+            "FROM generate_series(1, 5000) g",
+            sid,
+        )
+        if analyzed:
+            await conn.execute("ANALYZE")
+        claim = sqlfiles.queries()["run_claim_batch"]
+        plan = await _plan(conn, claim, None, "echo", 64, "w", timedelta(seconds=30))
+        assert (
+            "Index Scan using runs_pkey on runs" in plan or "Bitmap Index Scan on runs_pkey" in plan
+        ), plan
+        assert "Seq Scan on runs r" not in plan, plan
+
+
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "stale-stats"])
 async def test_deleting_a_run_finds_its_replays_through_an_index(
     pool: asyncpg.Pool[Any], analyzed: bool
 ) -> None:

@@ -5,6 +5,8 @@
 -- read in index order and never sorted. Serial runs (overlap buffer_*) wait for every
 -- earlier unfinished run of their schedule; a run locked by another claimer still counts as
 -- unfinished here, so two claimers never start two serial runs of one schedule.
+-- The update reaches the locked candidates through the primary key, as one array: joined to
+-- them instead, a large claim from a mid-sized table read the whole runs table into a hash.
 WITH candidates AS (
     SELECT r.id
     FROM runs r
@@ -27,8 +29,8 @@ WITH candidates AS (
         lease_expires_at = coalesce($1::timestamptz, now()) + $5::interval,
         deadline_at = coalesce($1::timestamptz, now()) + s.timeout,
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
-    FROM candidates c, schedules s
-    WHERE r.id = c.id AND s.id = r.schedule_id
+    FROM schedules s
+    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
               r.max_attempts
 ), recorded AS (
