@@ -48,7 +48,12 @@ class Supervisor:
 
     async def run(self) -> None:
         config = self.config
-        pool = await pools.create_pool(self.dsn, max_size=max(4, min(config.workers + 4, 40)))
+        # The floor keeps a connection each for the claim, the final writes and the two batches
+        # of a rush open (and their types resolved) through idle hours, so the 9 o'clock rush
+        # does not open them first.
+        pool = await pools.create_pool(
+            self.dsn, min_size=4, max_size=max(4, min(config.workers + 4, 40))
+        )
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
         self.tools = ToolRegistry.from_settings(

@@ -215,3 +215,25 @@ async def test_wrappers_round_trip_one_run(pool: asyncpg.Pool[Any]) -> None:
     claimed = await queries.run_claim_batch(pool, None, "echo", 5, "w1", timedelta(seconds=30))
     assert [row["attempts"] for row in claimed] == [1]
     assert claimed[0]["prompt"] == "p"
+
+
+async def test_a_new_pooled_connection_needs_no_type_lookup_for_any_query(dsn: str) -> None:
+    # asyncpg looks a type up on first use, a catalog query per connection; the pool resolves
+    # every array type at connect time so no claim, finish or tick of a rush waits on one.
+    # Preparing a statement runs no query of its own: anything logged is a type lookup.
+    fresh = await pools.create_pool(dsn, min_size=1, max_size=1)
+    looked_up: dict[str, int] = {}
+    current = ""
+
+    def log(_logged: Any) -> None:
+        looked_up[current] = looked_up.get(current, 0) + 1
+
+    try:
+        async with fresh.acquire() as conn:
+            conn.add_query_logger(log)
+            for current, sql in sorted(sqlfiles.queries().items()):  # noqa: B007
+                await conn.prepare(sql)
+            conn.remove_query_logger(log)
+    finally:
+        await fresh.close()
+    assert looked_up == {}, "add the array types these queries use to pool._ARRAY_TYPES"

@@ -14,9 +14,30 @@ if TYPE_CHECKING:
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 
+# asyncpg looks up an array type the first time a statement on a connection binds or returns
+# one: a catalog query of 15-30 ms here. Left to the first claim, finish or tick of each new
+# connection, that lookup lands in the middle of a rush. One probe of every array type our
+# queries use, when the connection opens, resolves them all at once (a test keeps the list
+# complete).
+_ARRAY_TYPES = (
+    "bigint[]",
+    "boolean[]",
+    "double precision[]",
+    "integer[]",
+    "interval[]",
+    "jsonb[]",
+    "record[]",
+    "text[]",
+    "timestamptz[]",
+    "uuid[]",
+)
+_PROBE = "SELECT " + ", ".join(f"NULL::{name}" for name in _ARRAY_TYPES)
+
+
 async def _init(conn: asyncpg.Connection[Any]) -> None:
     for name in ("json", "jsonb"):
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.fetchrow(_PROBE)
 
 
 async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
