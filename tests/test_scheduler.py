@@ -733,3 +733,49 @@ async def test_each_run_row_is_logged_at_its_level(
             }
         )
     assert sorted(rows, key=lambda r: r["event"], reverse=True) == expected
+
+
+async def test_a_schedule_whose_fire_times_cannot_be_computed_is_paused_not_the_batch(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # Rows an older version accepted (a zone the installed tzdata lacks, an expression the
+    # parser no longer reads) fail to plan on every tick; they must not hold back the rest.
+    clock = FrozenClock(T0 - timedelta(seconds=1))
+    good = [await _create(pool, clock, cron="* * * * *") for _ in range(3)]
+    zone = await _create(pool, clock, cron="* * * * *")
+    expression = await _create(pool, clock, cron="*/5 * * * *")
+    await pool.execute("UPDATE schedules SET timezone = 'Mars/Olympus' WHERE id = $1", zone)
+    await pool.execute(
+        "UPDATE schedules SET expression = 'every tuesday' WHERE id = $1", expression
+    )
+    clock.set(T0)
+    metrics = Metrics()
+    scheduler = _scheduler(pool, clock, metrics)
+    with capture_logs() as logged:
+        counts = await scheduler.run_once()
+    assert counts.enqueued == 3
+    for sid in good:
+        assert await _runs(pool, sid) == [("09:00:00", "pending", None, 0)]
+    paused = await pool.fetch(
+        "SELECT id, enabled, pause_reason FROM schedules WHERE id = ANY($1::bigint[]) ORDER BY id",
+        [zone, expression],
+    )
+    assert [(r["id"], r["enabled"]) for r in paused] == [(zone, False), (expression, False)]
+    assert "Mars/Olympus" in paused[0]["pause_reason"]
+    assert "fire times could not be computed" in paused[1]["pause_reason"]
+    changes = await pool.fetch(
+        "SELECT schedule_id, actor, action FROM schedule_changes "
+        "WHERE action = 'auto_pause' ORDER BY schedule_id"
+    )
+    assert [tuple(c) for c in changes] == [
+        (zone, "promptsched", "auto_pause"),
+        (expression, "promptsched", "auto_pause"),
+    ]
+    assert metrics.role_errors.labels("scheduler")._value.get() == 2
+    events = [e for e in logged if e["event"] == "scheduler.schedules_paused"]
+    assert sorted(sid for e in events for sid in e["schedule_ids"]) == [zone, expression]
+    # The paused ones stay out of later ticks; the good ones keep their cadence.
+    clock.set(T0 + timedelta(minutes=1))
+    assert (await scheduler.run_once()).schedules == 3
+    assert metrics.role_errors.labels("scheduler")._value.get() == 2
+    assert await _runs(pool, zone) == [] and await _runs(pool, expression) == []

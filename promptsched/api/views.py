@@ -10,6 +10,7 @@ import asyncpg
 
 from promptsched import notifications, service
 from promptsched.api import schemas
+from promptsched.errors import ValidationError
 from promptsched.schedule import spec
 from promptsched.store import queries
 
@@ -24,11 +25,16 @@ def schedule_spec(row: asyncpg.Record) -> spec.Spec:
 
 
 def next_fire_times(row: asyncpg.Record, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
-    """The next slots from the schedule's cursor, by the scheduler's own code path."""
+    """The next slots from the schedule's cursor, by the scheduler's own code path; none for a
+    schedule whose fire times this version cannot compute (the scheduler pauses it, and its
+    ``pause_reason`` says why)."""
     cursor = row["next_fire_at"]
     if cursor is None:
         return []
-    return service.preview(schedule_spec(row), cursor - _US, count)
+    try:
+        return service.preview(schedule_spec(row), cursor - _US, count)
+    except ValidationError:
+        return []
 
 
 def webhook_secret(row: asyncpg.Record) -> str | None:

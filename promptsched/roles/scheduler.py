@@ -230,10 +230,15 @@ class Scheduler:
     async def _tick_batch(self, more: Callable[[], object]) -> TickCounts:
         now = self.clock.sql_now()
         batch = _Batch()
+        taken = 0
         async with self.pool.acquire() as conn, conn.transaction():
             for group in await queries.schedule_take_due(conn, now, self.batch):
-                batch.add_group(group)
-            if batch.schedules >= self.batch:
+                taken += len(group["ids"])
+                try:
+                    batch.add_group(group)
+                except Exception as exc:  # one bad schedule must not stop the rest
+                    await self._pause_unplannable(conn, group["ids"], exc)
+            if taken >= self.batch:
                 more()
             if not batch.schedules:
                 return TickCounts()
@@ -241,6 +246,17 @@ class Scheduler:
                 conn, now, batch.write(), all_rows=logs.enabled("debug")
             )
         return self._count(batch, result)
+
+    async def _pause_unplannable(self, conn: Any, ids: list[int], exc: Exception) -> None:
+        """Schedules whose fire times cannot be computed (a zone or expression this version no
+        longer reads) would fail their batch on every tick, and every schedule due with them
+        would wait: pause them, saying why, in the batch's transaction."""
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        await queries.schedule_pause_unplannable(
+            conn, ids, f"paused: its fire times could not be computed ({error})"
+        )
+        self.metrics.role_errors.labels("scheduler").inc()
+        log.error("scheduler.schedules_paused", schedule_ids=ids[:20], count=len(ids), error=error)
 
     def _count(self, batch: _Batch, result: asyncpg.Record) -> TickCounts:
         counts = TickCounts(

@@ -150,6 +150,11 @@ async def schedule_pause_if_failing(db: DB, schedule_id: int) -> Record | None:
     return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id)
 
 
+async def schedule_pause_unplannable(db: DB, schedule_ids: Sequence[int], reason: str) -> int:
+    count: int = await db.fetchval(_Q["schedule_pause_unplannable"], schedule_ids, reason)
+    return count
+
+
 async def schedule_change_insert(
     db: DB, schedule_id: int, owner: str, actor: str, action: str, changes: dict[str, Any]
 ) -> None:

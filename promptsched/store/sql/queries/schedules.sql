@@ -192,3 +192,20 @@ DELETE FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2) RETURNI
 
 -- name: schedule_notify_changed
 SELECT pg_notify('promptsched_schedules', $1::text);
+
+-- name: schedule_pause_unplannable
+-- Pause schedules whose fire times cannot be computed (say, a zone or an expression this
+-- version no longer reads), so that they stop holding back every schedule in their batch; the
+-- reason says why, and the change log records that promptsched paused them.
+WITH paused AS (
+    UPDATE schedules
+    SET enabled = false, paused_until = NULL, pause_reason = $2, version = version + 1,
+        updated_at = now()
+    WHERE id = ANY ($1::bigint[])
+    RETURNING id, owner
+), logged AS (
+    INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes)
+    SELECT id, owner, 'promptsched', 'auto_pause', jsonb_build_object('reason', $2::text)
+    FROM paused
+)
+SELECT count(*)::int FROM paused;
