@@ -141,6 +141,25 @@ async def test_claim_and_due_queries_use_their_indexes(
         assert "Seq Scan on schedules" not in plan, plan
 
 
+async def _schedule_with_runs(conn: Any, count: int, *, origin: str, status: str) -> int:
+    """One schedule with ``count`` runs a second apart, all in ``status`` (finished unless
+    pending)."""
+    sid: int = await conn.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt) "
+        "VALUES ('s', 'cron', '* * * * *', 'p') RETURNING id"
+    )
+    await conn.execute(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, status, "
+        "finished_at) SELECT $1, now() - g * interval '1 second', $3, 'echo', 3, $4, "
+        "CASE WHEN $4 = 'pending' THEN NULL ELSE now() END FROM generate_series(1, $2) g",
+        sid,
+        count,
+        origin,
+        status,
+    )
+    return sid
+
+
 @pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "stale-stats"])
 async def test_a_large_claim_updates_its_runs_by_primary_key(
     pool: asyncpg.Pool[Any], analyzed: bool
@@ -148,16 +167,7 @@ async def test_a_large_claim_updates_its_runs_by_primary_key(
     # A claim of 64 from a backlog of 5,000: joined to the locked candidates, the update read
     # the whole runs table into a hash once per claim (a cost that grew with the table).
     async with pool.acquire() as conn:
-        sid = await conn.fetchval(
-            "INSERT INTO schedules (name, kind, expression, prompt) "
-            "VALUES ('s', 'cron', '* * * * *', 'p') RETURNING id"
-        )
-        await conn.execute(
-            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts) "
-            "SELECT $1, now() - g * interval '1 second', 'manual', 'echo', 3 "
-            "FROM generate_series(1, 5000) g",
-            sid,
-        )
+        await _schedule_with_runs(conn, 5000, origin="manual", status="pending")
         if analyzed:
             await conn.execute("ANALYZE")
         claim = sqlfiles.queries()["run_claim_batch"]
@@ -175,16 +185,7 @@ async def test_deleting_a_run_finds_its_replays_through_an_index(
     # ON DELETE SET NULL on runs.replay_of runs this lookup once per deleted run (retention
     # purges thousands): without an index of its own it read the whole table each time.
     async with pool.acquire() as conn:
-        sid = await conn.fetchval(
-            "INSERT INTO schedules (name, kind, expression, prompt) "
-            "VALUES ('s', 'cron', '* * * * *', 'p') RETURNING id"
-        )
-        await conn.execute(
-            "INSERT INTO runs (schedule_id, slot, provider, max_attempts, status, finished_at) "
-            "SELECT $1, now() - g * interval '1 second', 'echo', 3, 'dead', now() "
-            "FROM generate_series(1, 50000) g",
-            sid,
-        )
+        await _schedule_with_runs(conn, 50000, origin="cadence", status="dead")
         await conn.execute(
             "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, replay_of) "
             "SELECT schedule_id, slot, 'replay', provider, max_attempts, id FROM runs "
