@@ -69,7 +69,10 @@ async def _run_all(selected: list[str]) -> dict[str, Any]:
     with common.server() as embedded:
         for name in selected:
             times = repeat if name in REPEATED else 1
-            samples = [await _one(name, embedded, workdir) for _ in range(times)]
+            samples = []
+            for _ in range(times):
+                samples.append(await _one(name, embedded, workdir))
+                print(f"{name}: {json.dumps(samples[-1])}", flush=True)
             results[name] = _median(samples)
             print(f"{name}: done ({times}x)", flush=True)
     return results

@@ -63,7 +63,7 @@ async def _service(
 
         async def drained() -> bool:
             return not await conn.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
             )
 
         await wait_for(drained, 900, interval=0.1)
