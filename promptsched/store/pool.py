@@ -16,9 +16,10 @@ Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 # asyncpg looks up an array type the first time a statement on a connection binds or returns
 # one: a catalog query of 15-30 ms here. Left to the first claim, finish or tick of each new
-# connection, that lookup lands in the middle of a rush. One probe of every array type our
-# queries use, when the connection opens, resolves them all at once (a test keeps the list
-# complete).
+# pooled connection, that lookup lands in the middle of a rush. One probe of every array type
+# our queries use, when a pooled connection opens, resolves them all at once (a test keeps the
+# list complete). Dedicated connections (CLI, LISTEN, stats) skip it: they run few statements,
+# none of them in a rush.
 _ARRAY_TYPES = (
     "bigint[]",
     "boolean[]",
@@ -37,6 +38,10 @@ _PROBE = "SELECT " + ", ".join(f"NULL::{name}" for name in _ARRAY_TYPES)
 async def _init(conn: asyncpg.Connection[Any]) -> None:
     for name in ("json", "jsonb"):
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _init_pooled(conn: asyncpg.Connection[Any]) -> None:
+    await _init(conn)
     await conn.fetchrow(_PROBE)
 
 
@@ -53,7 +58,7 @@ async def create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=_init,
+        init=_init_pooled,
         reset=_no_session_reset,
         server_settings={"application_name": application_name},
         # Bounded so a vanished database turns into an error the roles retry, not a hang.
