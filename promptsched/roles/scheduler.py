@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs
 from promptsched.clock import Clock
+from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.schedule import jitter, overlap, policies
@@ -236,7 +237,7 @@ class Scheduler:
                 taken += len(group["ids"])
                 try:
                     batch.add_group(group)
-                except Exception as exc:  # one bad schedule must not stop the rest
+                except ValidationError as exc:  # one unreadable schedule must not stop the rest
                     await self._pause_unplannable(conn, group["ids"], exc)
             if taken >= self.batch:
                 more()
@@ -247,10 +248,11 @@ class Scheduler:
             )
         return self._count(batch, result)
 
-    async def _pause_unplannable(self, conn: Any, ids: list[int], exc: Exception) -> None:
+    async def _pause_unplannable(self, conn: Any, ids: list[int], exc: ValidationError) -> None:
         """Schedules whose fire times cannot be computed (a zone or expression this version no
         longer reads) would fail their batch on every tick, and every schedule due with them
-        would wait: pause them, saying why, in the batch's transaction."""
+        would wait: pause them, saying why, in the batch's transaction. Any other error is a
+        bug of ours, not of the schedules: it fails the batch, which the next tick retries."""
         error = f"{type(exc).__name__}: {exc}"[:300]
         await queries.schedule_pause_unplannable(
             conn, ids, f"paused: its fire times could not be computed ({error})"
