@@ -24,7 +24,8 @@ SMTP_TLS = ("none", "starttls", "tls")
 @dataclass(frozen=True, slots=True)
 class Config:
     database_url: str | None = None
-    data_dir: Path = Path(".promptsched")
+    # The one embedded data directory: every command resolves the same one (default_data_dir).
+    data_dir: Path = field(default_factory=lambda: default_data_dir(os.environ))
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     workers: int = 4
@@ -113,6 +114,17 @@ class Config:
         if self.log_format != "auto":
             return self.log_format
         return "console" if sys.stderr.isatty() else "json"
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    """Where the embedded database lives without ``PROMPTSCHED_DATA_DIR``: the user's XDG data
+    home (``$XDG_DATA_HOME/promptsched``, else ``~/.local/share/promptsched``), whatever the
+    working directory."""
+    xdg = env.get("XDG_DATA_HOME", "")
+    if xdg and Path(xdg).is_absolute():  # the XDG spec: relative values are ignored
+        return Path(xdg) / "promptsched"
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".local" / "share" / "promptsched"
 
 
 # variable suffix -> (field, parser)
@@ -218,6 +230,7 @@ def load(
     for setting, text in (overrides or {}).items():
         if text is not None:
             values[setting] = _PARSERS[setting](f"--{setting.replace('_', '-')}", str(text))
+    values.setdefault("data_dir", default_data_dir(env))
     known = {f.name for f in fields(Config)}
     config = Config(**{k: v for k, v in values.items() if k in known})
     return replace(

@@ -40,17 +40,20 @@ class Service:
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None,
         log_path: Path,
         *,
         env: Mapping[str, str] | None = None,
         args: tuple[str, ...] = (),
+        cwd: Path | None = None,
+        command: tuple[str, ...] = (sys.executable, "-m", "promptsched"),
     ) -> None:
+        """``dsn=None`` leaves the database to the embedded data directory that ``env``
+        names (``PROMPTSCHED_DATA_DIR``, or ``XDG_DATA_HOME``/``HOME``)."""
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
         full_env.update(
             {
-                "PROMPTSCHED_DATABASE_URL": dsn,
                 "PROMPTSCHED_HTTP_PORT": "0",
                 "PROMPTSCHED_LOG_FORMAT": "json",
                 "PROMPTSCHED_LOG_LEVEL": "info",
@@ -61,11 +64,14 @@ class Service:
                 "PROMPTSCHED_RETRY_MAX": "500ms",
             }
         )
+        if dsn is not None:
+            full_env["PROMPTSCHED_DATABASE_URL"] = dsn
         full_env.update(env or {})
         self._log = open(log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "promptsched", "run", *args],
+            [*command, "run", *args],
             env=full_env,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

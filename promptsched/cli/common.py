@@ -14,9 +14,8 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched.errors import ValidationError
-from promptsched.store import migrate
+from promptsched.store import embedded, migrate
 from promptsched.store import pool as pools
-from promptsched.store.embedded import EmbeddedPostgres
 
 Command: TypeAlias = "Callable[[asyncpg.Connection[Any]], Awaitable[int]]"
 
@@ -30,25 +29,23 @@ class CliError(Exception):
 
 
 @contextmanager
-def database(config: configuration.Config, *, announce: bool = False) -> Iterator[str]:
-    """The DSN to use: ``PROMPTSCHED_DATABASE_URL``, or the embedded server in the data dir
-    (started if needed, and stopped again on exit by whoever started it)."""
+def database(
+    config: configuration.Config, *, announce: bool = False, create: bool = False
+) -> Iterator[str]:
+    """The DSN to use: ``PROMPTSCHED_DATABASE_URL``, or the embedded server in the one data dir
+    (started if needed and stopped by its last user; created only when ``create``)."""
     if config.database_url:
         yield config.database_url
         return
-    server = EmbeddedPostgres(config.data_dir)
-    started = server.ensure_running()
-    if announce:
-        print(
-            f"promptsched: embedded Postgres in {server.data_dir} ({server.dsn()})",
-            file=sys.stderr,
-            flush=True,
-        )
-    try:
-        yield server.dsn()
-    finally:
-        if started:
-            server.stop()
+    default = config.data_dir == configuration.default_data_dir(config.env)
+    with embedded.attach(
+        config.data_dir, create=create, announce=announce, move_legacy=default, say=_say
+    ) as dsn:
+        yield dsn
+
+
+def _say(message: str) -> None:
+    print(f"promptsched: {message}", file=sys.stderr, flush=True)
 
 
 def run_async(fn: Callable[[], Awaitable[int]]) -> int:
@@ -65,7 +62,7 @@ async def with_conn(dsn: str, fn: Command) -> int:
 
 def db_command(config: configuration.Config, fn: Command, *, migrate_first: bool = False) -> int:
     """Run ``fn`` on one connection to a database whose schema is current."""
-    with database(config) as dsn:
+    with database(config, create=migrate_first) as dsn:
 
         async def main(conn: asyncpg.Connection[Any]) -> int:
             if migrate_first:

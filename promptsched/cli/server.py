@@ -22,7 +22,7 @@ def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
     from promptsched.supervisor import Supervisor
 
     logs.configure(config.log_level, config.resolved_log_format())
-    with database(config, announce=True) as dsn:
+    with database(config, announce=True, create=True) as dsn:
 
         async def main() -> int:
             await Supervisor(config, dsn).run()
@@ -37,7 +37,7 @@ def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
         print(f"applied migrations {applied}" if applied else "schema is up to date")
         return 0
 
-    with database(config) as dsn:
+    with database(config, create=True) as dsn:
         return run_async(lambda: with_conn(dsn, main))
 
 
