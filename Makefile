@@ -2,7 +2,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two installs: what the service needs (`make run`), then the development tools on top
+# (`make test`, `make lint`). compat mode: a plain .pth editable install, without the
+# BuildBackendWarning box the default mode prints for this layout.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+PIP_INSTALL := $(BIN)/pip install --quiet --progress-bar off --disable-pip-version-check \
+               --config-settings editable_mode=compat
 # The console's browser tests drive Debian's chromium + chromedriver (tests/browser_support.py).
 CHROMIUM     ?= /usr/bin/chromium
 CHROMEDRIVER ?= /usr/bin/chromedriver
@@ -11,17 +17,28 @@ SUDO         := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # to install (or leave them out with PYTEST_ARGS='-m "not browser"').
 BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
 
-.PHONY: install run test test-fast lint bench chaos clean browser-deps
+.PHONY: install install-run run test test-fast lint bench chaos clean browser-deps
 
-install: $(STAMP)
+install: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+install-run: $(RUN_STAMP)
+
+$(BIN)/python:
+	@echo "make: creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-run: install
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make: installing promptsched and what the service needs into $(VENV)" \
+	      "(first time: about 20 s with a warm pip cache, a minute or more without)"
+	$(PIP_INSTALL) -e .
+	@touch $@
+
+$(DEV_STAMP): $(RUN_STAMP)
+	@echo "make: installing the development tools (pytest, ruff, mypy, schemathesis, ...)"
+	$(PIP_INSTALL) -e '.[dev]'
+	@touch $@
+
+run: install-run
 	$(BIN)/promptsched run $(ARGS)
 
 test: install $(BROWSER_DEPS)
