@@ -17,7 +17,7 @@ SUDO         := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # to install (or leave them out with PYTEST_ARGS='-m "not browser"').
 BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
 
-.PHONY: install install-run run test test-fast lint bench chaos clean browser-deps
+.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps
 
 install: $(DEV_STAMP)
 
@@ -64,6 +64,10 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench $(ARGS)
+
+# Fresh clone -> `make run` listening -> first succeeded run, with a warm and a cold pip cache.
+measure-first-run:
+	bench/first_run.sh $(ARGS)
 
 # A few minutes of faults against three replicas, then the invariant table (tests/chaos).
 # Size with CHAOS_SECONDS, CHAOS_SCHEDULES, CHAOS_PROCESSES; replay a failure with CHAOS_SEED.
