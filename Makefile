@@ -7,8 +7,8 @@ BIN    := $(VENV)/bin
 # BuildBackendWarning box the default mode prints for this layout.
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
-PIP_INSTALL := $(BIN)/pip install --quiet --progress-bar off --disable-pip-version-check \
-               --config-settings editable_mode=compat
+PIP_FLAGS := --quiet --progress-bar off --disable-pip-version-check \
+             --config-settings editable_mode=compat
 # The console's browser tests drive Debian's chromium + chromedriver (tests/browser_support.py).
 CHROMIUM     ?= /usr/bin/chromium
 CHROMEDRIVER ?= /usr/bin/chromedriver
@@ -30,12 +30,12 @@ $(BIN)/python:
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	@echo "make: installing promptsched and what the service needs into $(VENV)" \
 	      "(first time: about 20 s with a warm pip cache, a minute or more without)"
-	$(PIP_INSTALL) -e .
+	$(BIN)/pip install $(PIP_FLAGS) -e .
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
 	@echo "make: installing the development tools (pytest, ruff, mypy, schemathesis, ...)"
-	$(PIP_INSTALL) -e '.[dev]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev]'
 	@touch $@
 
 run: install-run

@@ -54,7 +54,7 @@ measure() {
     done
 
     pgid=$(ps -o pgid= -p "$make_pid" 2>/dev/null | tr -d ' ' || true)
-    [ -n "$pgid" ] && kill -TERM -- "-$pgid" 2>/dev/null || true
+    [ -n "$pgid" ] && kill -TERM "-$pgid" 2>/dev/null || true
     wait "$make_pid" 2>/dev/null || true
     if [ -z "$succeeded" ]; then echo "$mode: no run succeeded in time" >&2; exit 1; fi
     venv=$(du -sm "$work/clone/.venv" | cut -f1)

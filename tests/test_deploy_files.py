@@ -336,6 +336,33 @@ def test_the_dockerfile_pip_installs_this_repo_into_a_slim_non_root_image() -> N
     assert entrypoint == list(pyproject["project"]["scripts"])
 
 
+def test_the_image_keeps_the_embedded_data_directory_in_a_volume_owned_by_its_user() -> None:
+    steps = _instructions()
+    env: dict[str, str] = {}
+    for keyword, rest in steps:
+        if keyword == "ENV":
+            env.update(dict(pair.split("=", 1) for pair in shlex.split(rest)))
+    data_dir = env["PROMPTSCHED_DATA_DIR"]
+    volumes = [
+        path
+        for keyword, rest in steps
+        if keyword == "VOLUME"
+        for path in (json.loads(rest) if rest.startswith("[") else rest.split())
+    ]
+    assert data_dir in volumes, (data_dir, volumes)
+    # The runtime user (uid 10001, not root) owns it: created as its home directory.
+    (user,) = [rest for keyword, rest in steps if keyword == "USER"]
+    assert user.split(":")[0] not in ("root", "0")
+    useradd = next(rest for keyword, rest in steps if keyword == "RUN" and "useradd" in rest)
+    assert f"--uid {user.split(':')[0]}" in useradd
+    assert f"--home-dir {data_dir}" in useradd and "--create-home" in useradd
+    # VOLUME comes after everything that fills the directory (later changes would be lost).
+    keywords = [keyword for keyword, _ in steps]
+    assert keywords.index("VOLUME") > max(
+        i for i, (keyword, rest) in enumerate(steps) if keyword == "RUN" and "useradd" in rest
+    )
+
+
 def test_the_readme_installs_the_same_package_as_the_dockerfile() -> None:
     # The README installs with `make`, whose recipe is in the Makefile; read both.
     text = (ROOT / "README.md").read_text() + "\n" + (ROOT / "Makefile").read_text()
