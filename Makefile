@@ -29,7 +29,7 @@ $(BIN)/python:
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	@echo "make: installing promptsched and what the service needs into $(VENV)" \
-	      "(first time: about 20 s with a warm pip cache, a minute or more without)"
+	      "(the first time only: from half a minute to two, mostly pip; docs/performance.md)"
 	$(BIN)/pip install $(PIP_FLAGS) -e .
 	@touch $@
 

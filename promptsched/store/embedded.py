@@ -25,7 +25,7 @@ import stat
 import subprocess
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Literal
 
@@ -145,6 +145,9 @@ class EmbeddedPostgres:
                 check=True,
                 user=self._user,
             )
+        if self.socket_dir.parent == Path("/tmp"):  # a shared directory: leave nothing behind
+            with suppress(OSError):
+                self.socket_dir.rmdir()
 
     def _leave(self, users: IO[str]) -> None:
         try:
