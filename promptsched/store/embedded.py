@@ -94,14 +94,6 @@ class EmbeddedPostgres:
         )
         return result.returncode == 0
 
-    def postmaster_pid(self) -> int | None:
-        """The running server's pid (from ``postmaster.pid``), or None."""
-        try:
-            first = (self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0]
-            return int(first)
-        except (OSError, ValueError):
-            return None
-
     def ensure_running(self, say: Callable[[str], None] = _quiet) -> bool:
         """Start the server unless it runs already; True when this call started it.
 
@@ -122,16 +114,20 @@ class EmbeddedPostgres:
                 "with PROMPTSCHED_DATA_DIR or PROMPTSCHED_DATABASE_URL"
             )
         self._make_data_dir()
-        with self._lock():
-            users = open(self.data_dir / "users.lock", "a")  # held for the whole block
-            if self._start_unlocked(say):
-                how: Attached = "started"
-            elif _try_exclusive(users):
-                how = "adopted"  # running, and nobody uses it: left behind by a killed process
-            else:
-                how = "joined"
-            self._secure_socket_dir()  # also for a server started by an older version
-            fcntl.flock(users, fcntl.LOCK_SH)
+        users = open(self.data_dir / "users.lock", "a")  # held for the whole block
+        try:
+            with self._lock():
+                if self._start_unlocked(say):
+                    how: Attached = "started"
+                elif _try_exclusive(users):
+                    how = "adopted"  # running and unused: left behind by a killed process
+                else:
+                    how = "joined"
+                self._secure_socket_dir()  # also for a server started by an older version
+                fcntl.flock(users, fcntl.LOCK_SH)
+        except BaseException:
+            users.close()
+            raise
         try:
             yield how
         finally:
