@@ -5,6 +5,9 @@ configuration, and real ``promptsched run`` processes against loopback servers."
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +315,31 @@ async def test_a_service_reaches_loopback_only_through_the_list_of_each_use(
     if warning is not None:
         assert warning["level"] == "warning"
         assert warning["replacement"] == "PROMPTSCHED_WEBHOOK_ALLOW"
+
+
+def _cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+    return subprocess.run(
+        [sys.executable, "-m", "promptsched", *args],
+        env={**clean, "PROMPTSCHED_DATABASE_URL": dsn, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "entry"),
+    [
+        ("PROMPTSCHED_WEBHOOK_ALLOW", "127.0.0.1,10.0.0.1/8", "'10.0.0.1/8' has host bits set"),
+        ("PROMPTSCHED_TOOLS_ALLOW", "::1,fe80::1%eth0", "'fe80::1%eth0'"),
+    ],
+)
+def test_run_refuses_to_start_with_a_malformed_allowlist(
+    dsn: str, variable: str, value: str, entry: str
+) -> None:
+    started = _cli(dsn, "run", **{variable: value})
+    assert started.returncode == 2, started.stderr
+    assert f"{variable}: {entry}" in started.stderr
+    assert "Traceback" not in started.stderr
