@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from promptsched import netguard
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError
 from promptsched.secret import Secret
@@ -51,7 +52,10 @@ class Config:
     smtp_password: Secret | None = None
     smtp_tls: str = "starttls"
     smtp_from: str = "promptsched@localhost"
-    allow_private_webhooks: bool = False
+    allow_private_webhooks: bool = False  # deprecated: adds netguard.LEGACY_PRIVATE below
+    # address guard (docs/notifications.md, docs/agents.md): non-public hosts/CIDRs let through
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
+    tools_allow: netguard.Allowlist = netguard.NO_TOOLS_ALLOW
     notifier_max_attempts: int = 10
     notifier_retry_base: timedelta = timedelta(seconds=10)
     notifier_retry_max: timedelta = timedelta(hours=1)
@@ -161,6 +165,21 @@ def _bool(name: str, text: str) -> bool:
     raise ConfigError(name, f"must be true or false, got {text!r}")
 
 
+def _allowlist(variable: str) -> Any:
+    def parse(name: str, text: str) -> netguard.Allowlist:
+        try:
+            return netguard.Allowlist.parse(text, variable=variable)
+        except ValueError as exc:
+            raise ConfigError(name, f"{exc}; expected comma-separated hosts or CIDRs") from None
+
+    return parse
+
+
+def _toml_text(value: Any) -> str:
+    """A TOML value as the text its variable would hold (a list becomes comma-separated)."""
+    return ",".join(str(item) for item in value) if isinstance(value, list) else str(value)
+
+
 _PARSERS: dict[str, Any] = {
     "database_url": _str,
     "data_dir": lambda name, text: Path(text),
@@ -188,6 +207,8 @@ _PARSERS: dict[str, Any] = {
     "smtp_tls": lambda name, text: text.lower(),
     "smtp_from": _str,
     "allow_private_webhooks": _bool,
+    "webhook_allow": _allowlist(netguard.WEBHOOK_ALLOW),
+    "tools_allow": _allowlist(netguard.TOOLS_ALLOW),
     "notifier_max_attempts": _int,
     "notifier_retry_base": _duration,
     "notifier_retry_max": _duration,
@@ -220,7 +241,7 @@ def load(
             raise ConfigError("PROMPTSCHED_CONFIG", f"cannot read {config_file}: {exc}") from None
         for key, value in toml.items():
             if key in _PARSERS:
-                values[key] = _PARSERS[key](f"{config_file}: {key}", str(value))
+                values[key] = _PARSERS[key](f"{config_file}: {key}", _toml_text(value))
             elif key not in ("providers", "mcp"):
                 raise ConfigError(f"{config_file}: {key}", f"unknown setting (known: {SETTINGS})")
     for setting, parser in _PARSERS.items():
@@ -233,6 +254,8 @@ def load(
     values.setdefault("data_dir", default_data_dir(env))
     known = {f.name for f in fields(Config)}
     config = Config(**{k: v for k, v in values.items() if k in known})
+    if config.allow_private_webhooks:  # the deprecated flag: webhooks only, never tools
+        config = replace(config, webhook_allow=config.webhook_allow.union(netguard.LEGACY_PRIVATE))
     return replace(
         config, providers_raw=toml.get("providers", {}), mcp_raw=toml.get("mcp", {}), env=env
     ).validate()

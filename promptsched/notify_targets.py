@@ -59,7 +59,9 @@ def _emails(value: object) -> list[str]:
     return found
 
 
-def validate_url(url: object, *, allow_private: bool, field: str = "notify.webhook.url") -> str:
+def validate_url(
+    url: object, *, allow: netguard.Allowlist, field: str = "notify.webhook.url"
+) -> str:
     """An absolute http(s) URL whose host is not refused by ``netguard.check_host``."""
     if not isinstance(url, str) or not url.strip():
         raise ValidationError(field, "is required: an http:// or https:// URL")
@@ -77,12 +79,9 @@ def validate_url(url: object, *, allow_private: bool, field: str = "notify.webho
     if parts.username is not None or parts.password is not None:
         raise ValidationError(field, "must not carry credentials; receivers verify the signature")
     try:
-        netguard.check_host(host, allow_private=allow_private)
+        netguard.check_host(host, allow)
     except netguard.AddressRefused as exc:
-        hint = (
-            "" if exc.reason in ("empty", "non-canonical numeric") else f"; {netguard.ALLOW_HINT}"
-        )
-        raise ValidationError(field, f"{exc}{hint}") from None
+        raise ValidationError(field, str(exc)) from None
     return url
 
 
@@ -97,7 +96,7 @@ def _secret(value: object, current: str | None) -> str:
     return value
 
 
-def _webhook(value: object, *, allow_private: bool, current: object) -> dict[str, str]:
+def _webhook(value: object, *, allow: netguard.Allowlist, current: object) -> dict[str, str]:
     if isinstance(value, str):
         value = {"url": value}
     if not isinstance(value, Mapping):
@@ -106,7 +105,7 @@ def _webhook(value: object, *, allow_private: bool, current: object) -> dict[str
     unknown = sorted(set(value) - {"url", "secret", "secret_set"})
     if unknown:
         raise ValidationError(f"notify.webhook.{unknown[0]}", "unknown key (known: url, secret)")
-    url = validate_url(value.get("url"), allow_private=allow_private)
+    url = validate_url(value.get("url"), allow=allow)
     kept = current.get("secret") if isinstance(current, Mapping) else None
     return {
         "url": url,
@@ -115,7 +114,7 @@ def _webhook(value: object, *, allow_private: bool, current: object) -> dict[str
 
 
 def validate_targets(
-    raw: object, *, allow_private: bool, current: Mapping[str, Any] | None = None
+    raw: object, *, allow: netguard.Allowlist, current: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The normalized ``notify`` value to store, or ValidationError naming the bad field.
 
@@ -138,7 +137,7 @@ def validate_targets(
             result["email"] = emails
     if raw.get("webhook") is not None:
         result["webhook"] = _webhook(
-            raw["webhook"], allow_private=allow_private, current=(current or {}).get("webhook")
+            raw["webhook"], allow=allow, current=(current or {}).get("webhook")
         )
     return {**flags, **result} if result else {}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import notify_targets
+from promptsched import netguard, notify_targets
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
@@ -131,7 +131,7 @@ def validate(
     *,
     providers: Collection[str],
     provider_kinds: Mapping[str, str] | None = None,
-    allow_private_webhooks: bool = False,
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     current_notify: Mapping[str, Any] | None = None,
     tools: Catalog | None = None,
 ) -> ScheduleInput:
@@ -179,7 +179,7 @@ def validate(
             else _int(raw, "pause_after_failures", 1, 1, 1000)
         ),
         notify=notify_targets.validate_targets(
-            raw.get("notify"), allow_private=allow_private_webhooks, current=current_notify
+            raw.get("notify"), allow=webhook_allow, current=current_notify
         ),
     )
     if values.timeout < timedelta(seconds=1):
@@ -275,7 +275,7 @@ async def update_schedule(
     actor: str,
     providers: Collection[str],
     provider_kinds: Mapping[str, str] | None = None,
-    allow_private_webhooks: bool = False,
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     expected_version: int | None = None,
     tools: Catalog | None = None,
 ) -> asyncpg.Record:
@@ -299,7 +299,7 @@ async def update_schedule(
             merged,
             providers=providers,
             provider_kinds=provider_kinds,
-            allow_private_webhooks=allow_private_webhooks,
+            webhook_allow=webhook_allow,
             current_notify=row["notify"],
             tools=tools,
         )

@@ -48,6 +48,16 @@ class Supervisor:
 
     async def run(self) -> None:
         config = self.config
+        if config.allow_private_webhooks:
+            log.warning(
+                "config.deprecated",
+                setting="PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS",
+                replacement="PROMPTSCHED_WEBHOOK_ALLOW",
+                message="PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS is deprecated: it now lets webhooks "
+                "reach loopback and private ranges only (not metadata, link-local, CGNAT or the "
+                "agent tools); list what webhooks may reach in PROMPTSCHED_WEBHOOK_ALLOW instead",
+                webhook_allow=str(config.webhook_allow),
+            )
         # The floor keeps a connection each for the claim, the final writes and the two batches
         # of a rush open (and their types resolved) through idle hours, so the 9 o'clock rush
         # does not open them first.
@@ -57,7 +67,7 @@ class Supervisor:
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
         self.tools = ToolRegistry.from_settings(
-            allow_private=config.allow_private_webhooks,
+            allow=config.tools_allow,
             mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
         )
         registry, limiters = build_registry(settings, self.tools)
@@ -163,7 +173,7 @@ class Supervisor:
                 clock=self.clock,
                 providers=registry.names(),
                 provider_kinds=self.provider_kinds,
-                allow_private_webhooks=config.allow_private_webhooks,
+                webhook_allow=config.webhook_allow,
                 tools=self.tools.catalog,
                 progress=self.progress,
             )

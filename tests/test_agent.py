@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched import service
+from promptsched import netguard, service
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
@@ -39,7 +39,9 @@ async def agent_workers(
 ) -> AsyncIterator[WorkerPool]:
     """A WorkerPool whose ``fake`` provider runs agent schedules with the built-in tools
     (allowed to reach the loopback site)."""
-    tools = ToolRegistry.from_settings(allow_private=True)
+    tools = ToolRegistry.from_settings(
+        allow=netguard.Allowlist.parse("127.0.0.1", variable=netguard.TOOLS_ALLOW)
+    )
     registry, limiters = build_registry(
         parse_providers(provider_env(base_url, timeout=request_timeout)), tools
     )
@@ -318,7 +320,7 @@ def _raw(params: dict[str, Any], provider: str = PROVIDER) -> dict[str, Any]:
 def test_agent_params_are_checked_when_a_schedule_is_saved(
     params: dict[str, Any], field: str | None, message: str | None
 ) -> None:
-    catalog = ToolRegistry.from_settings(allow_private=False).catalog()
+    catalog = ToolRegistry.from_settings(allow=netguard.NO_TOOLS_ALLOW).catalog()
     catalog = type(catalog)(
         {**catalog.tools, "kb.write": "tool 'kb.write' is not marked read-only"}
     )

@@ -16,7 +16,7 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched import service
+from promptsched import netguard, service
 from promptsched.api import auth
 from promptsched.clock import Clock
 from tests.fakes import openai_server as fake_server
@@ -24,6 +24,8 @@ from tests.fakes import pages as site
 from tests.fakes.http_sink import HttpSink, start_http_sink
 from tests.helpers import Service, wait_until
 from tests.test_providers_integration import PROVIDER, provider_env
+
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is the weather at the harbour?"
@@ -50,7 +52,8 @@ async def sink() -> AsyncIterator[HttpSink]:
 def _env(fake: fake_server.FakeOpenAI, **extra: str) -> dict[str, str]:
     return {
         **provider_env(fake.base_url, timeout="30s"),
-        "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS": "true",  # loopback pages, sink and fake
+        "PROMPTSCHED_WEBHOOK_ALLOW": "127.0.0.1/32",  # the loopback sink
+        "PROMPTSCHED_TOOLS_ALLOW": "127.0.0.1/32",  # the loopback pages
         **extra,
     }
 
@@ -64,7 +67,7 @@ async def _agent_schedule(
             "provider": PROVIDER, "params": {"tools": ["http_get"], "max_steps": 4},
             "timeout": "30s", "max_attempts": 3, "notify": notify or {},
         },
-        providers=[PROVIDER], provider_kinds={PROVIDER: "openai"}, allow_private_webhooks=True,
+        providers=[PROVIDER], provider_kinds={PROVIDER: "openai"}, webhook_allow=LOOPBACK,
     )  # fmt: skip
     async with pool.acquire() as conn, conn.transaction():
         row = await service.create_schedule(conn, Clock(), values, owner=owner)

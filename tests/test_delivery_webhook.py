@@ -59,8 +59,13 @@ def documented_verifier() -> Callable[..., bool]:
     return verifier
 
 
-async def _send(sink_url: str, notification: Notification, *, allow_private: bool = True) -> None:
-    sender = WebhookSender(allow_private=allow_private, timeout=5)
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
+
+
+async def _send(
+    sink_url: str, notification: Notification, *, allow: netguard.Allowlist = LOOPBACK
+) -> None:
+    sender = WebhookSender(allow=allow, timeout=5)
     try:
         await sender.send(notification)
     finally:
@@ -178,10 +183,11 @@ async def test_a_closed_port_is_a_retryable_connection_error() -> None:
 
 async def test_loopback_is_refused_at_send_time_unless_allowed(sink: HttpSink) -> None:
     with pytest.raises(DeliveryError) as caught:
-        await _send(sink.url, _notification(sink.url), allow_private=False)
+        await _send(sink.url, _notification(sink.url), allow=netguard.NO_WEBHOOK_ALLOW)
     assert caught.value.permanent is True
-    assert "loopback address 127.0.0.1 refused" in caught.value.message
-    assert "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS" in caught.value.message
+    assert caught.value.message == (
+        "webhook: 127.0.0.1 is loopback and not in PROMPTSCHED_WEBHOOK_ALLOW"
+    )
     assert sink.requests == []
 
 
@@ -197,14 +203,15 @@ async def test_a_name_resolving_to_a_private_address_is_refused_after_dns(
     port = sink.base_url.rsplit(":", 1)[1]
     url = f"http://hooks.example.test:{port}/hook"
     with pytest.raises(DeliveryError) as caught:
-        await _send(url, _notification(url), allow_private=False)
+        await _send(url, _notification(url), allow=netguard.NO_WEBHOOK_ALLOW)
     assert caught.value.permanent is True
-    assert "loopback address 127.0.0.1 refused (hooks.example.test resolves to it)" in (
-        caught.value.message
-    )
+    assert (
+        "127.0.0.1 (hooks.example.test resolves to it) is loopback and not in "
+        "PROMPTSCHED_WEBHOOK_ALLOW"
+    ) in caught.value.message
     assert sink.requests == []
-    # With private addresses allowed, the connection goes exactly where the guard resolved.
-    await _send(url, _notification(url), allow_private=True)
+    # With loopback allowed, the connection goes exactly where the guard resolved.
+    await _send(url, _notification(url))
     assert [request.headers["Host"] for request in sink.requests] == [f"hooks.example.test:{port}"]
 
 

@@ -16,6 +16,7 @@ import anyio
 import asyncpg
 import pytest
 
+from promptsched import netguard
 from promptsched.clock import FrozenClock
 from promptsched.errors import ConfigError, ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
@@ -38,7 +39,7 @@ def kb_settings(**extra: Any) -> str:
 @asynccontextmanager
 async def connected(**extra: Any) -> AsyncIterator[ToolRegistry]:
     registry = ToolRegistry.from_settings(
-        allow_private=False, mcp=parse_mcp_servers(kb_settings(**extra))
+        allow=netguard.NO_TOOLS_ALLOW, mcp=parse_mcp_servers(kb_settings(**extra))
     )
     try:
         async with anyio.create_task_group() as tg:

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched import notifications, notify_targets
+from promptsched import netguard, notifications, notify_targets
 from promptsched.clock import FrozenClock
 from promptsched.config import load as load_config
 from promptsched.delivery import DeliveryError, Notification
@@ -31,6 +31,8 @@ from tests.factories import EPOCH
 from tests.fakes.http_sink import HttpSink, start_http_sink
 from tests.fakes.smtp import PERMANENT, FakeSMTP, start_fake_smtp
 from tests.helpers import Service, wait_until
+
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
 
 SENDER = "promptsched@example.test"
 
@@ -63,7 +65,7 @@ async def notified_schedule(
         raw["email"] = email
     if webhook:
         raw["webhook"] = {"url": webhook}
-    notify = notify_targets.validate_targets(raw, allow_private=True)
+    notify = notify_targets.validate_targets(raw, allow=LOOPBACK)
     await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", sid, notify)
     return sid
 
@@ -73,7 +75,7 @@ def make_notifier(
     clock: FrozenClock,
     smtp: FakeSMTP,
     *,
-    allow_private: bool = True,
+    allow: netguard.Allowlist | None = None,
     max_attempts: int = 5,
     metrics: Metrics | None = None,
 ) -> Notifier:
@@ -88,7 +90,7 @@ def make_notifier(
     )
     senders = {
         "email": EmailSender(settings),
-        "webhook": WebhookSender(allow_private=allow_private, timeout=5.0),
+        "webhook": WebhookSender(allow=LOOPBACK if allow is None else allow, timeout=5.0),
     }
     return Notifier(
         pool,
@@ -239,7 +241,7 @@ async def test_smtp_refusing_always_ends_dead_listed_and_replayable(
         assert metrics.deliveries.labels("email", "dead")._value.get() == 1
         # The owner fixes the address and replays: the same message goes to the new address.
         smtp.accept()
-        fixed = notify_targets.validate_targets({"email": ["new@example.com"]}, allow_private=True)
+        fixed = notify_targets.validate_targets({"email": ["new@example.com"]}, allow=LOOPBACK)
         await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", sid, fixed)
         assert await notifications.replay_notification(pool, row["id"], "someone-else") is None
         replayed = await notifications.replay_notification(pool, row["id"], "default", clock=clock)
@@ -398,14 +400,14 @@ async def test_a_webhook_allowed_at_save_is_refused_at_send_when_the_config_chan
     clock = FrozenClock(EPOCH)
     rid = await factories.pending_run(pool, await notified_schedule(pool, webhook=sink.url))
     await factories.worker_pool(pool, clock).run_once()
-    notifier = make_notifier(pool, clock, smtp, allow_private=False)
+    notifier = make_notifier(pool, clock, smtp, allow=netguard.NO_WEBHOOK_ALLOW)
     try:
         assert (await notifier.run_once())["dead"] == 1
     finally:
         await notifier.aclose()
     [row] = await outbox(pool, rid)
     assert row["status"] == "dead" and row["attempts"] == 1
-    assert "loopback address 127.0.0.1 refused" in row["last_error"]
+    assert "127.0.0.1 is loopback and not in PROMPTSCHED_WEBHOOK_ALLOW" in row["last_error"]
     assert sink.requests == []
 
 
@@ -466,7 +468,7 @@ async def test_a_crash_between_send_and_mark_resends_the_same_message_once(
     sid = await notified_schedule(pool, email=["ops@example.com"], webhook=sink.url)
     env = {
         **smtp.env(),
-        "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS": "true",
+        "PROMPTSCHED_WEBHOOK_ALLOW": "127.0.0.1/32",
         "PROMPTSCHED_NOTIFIER_LEASE": "1s",
         "PROMPTSCHED_NOTIFIER_TIMEOUT": "900ms",
     }

@@ -6,19 +6,25 @@ from typing import Any
 
 import pytest
 
-from promptsched import notify_targets
+from promptsched import netguard, notify_targets
 from promptsched.errors import ValidationError
 
+NOTHING = netguard.NO_WEBHOOK_ALLOW
 
-def _error(raw: Any, *, allow_private: bool = False) -> ValidationError:
+
+def _allow(text: str) -> netguard.Allowlist:
+    return netguard.Allowlist.parse(text, variable=netguard.WEBHOOK_ALLOW)
+
+
+def _error(raw: Any, *, allow: str = "") -> ValidationError:
     with pytest.raises(ValidationError) as caught:
-        notify_targets.validate_targets(raw, allow_private=allow_private)
+        notify_targets.validate_targets(raw, allow=_allow(allow))
     return caught.value
 
 
 @pytest.mark.parametrize("raw", [None, {}, {"email": []}, {"on_failure": False}])
 def test_nothing_to_notify_stores_an_empty_object(raw: Any) -> None:
-    assert notify_targets.validate_targets(raw, allow_private=False) == {}
+    assert notify_targets.validate_targets(raw, allow=NOTHING) == {}
 
 
 def test_a_full_setting_is_normalized() -> None:
@@ -28,7 +34,7 @@ def test_a_full_setting_is_normalized() -> None:
             "webhook": "https://hooks.example.com/promptsched",
             "on_failure": False,
         },
-        allow_private=False,
+        allow=NOTHING,
     )
     secret = result["webhook"]["secret"]
     assert secret.startswith("whsec_") and len(secret) > 40
@@ -41,7 +47,7 @@ def test_a_full_setting_is_normalized() -> None:
 
 
 def test_a_single_address_is_accepted_as_a_string() -> None:
-    result = notify_targets.validate_targets({"email": "a@b.co"}, allow_private=False)
+    result = notify_targets.validate_targets({"email": "a@b.co"}, allow=NOTHING)
     assert result["email"] == ["a@b.co"]
 
 
@@ -66,42 +72,81 @@ def test_too_many_addresses_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "reason"),
+    ("url", "message", "allow"),
     [
-        ("http://127.0.0.1:8080/hook", "loopback address 127.0.0.1 refused"),
-        ("http://10.0.0.1/hook", "private address 10.0.0.1 refused"),
-        ("http://192.168.1.20/hook", "private address 192.168.1.20 refused"),
-        ("http://169.254.169.254/latest/meta-data", "link-local address 169.254.169.254"),
-        ("http://[::1]:9000/", "loopback address ::1 refused"),
-        ("http://[::ffff:10.0.0.1]/", "private address 10.0.0.1 refused"),
-        ("http://[fd00::1]/", "private address fd00::1 refused"),
-        ("http://localhost:8080/", "loopback address localhost refused"),
-        ("http://api.localhost/", "loopback address api.localhost refused"),
-        ("http://100.64.0.1/", "non-public address 100.64.0.1 refused"),
+        (
+            "http://127.0.0.1:8080/hook",
+            "127.0.0.1 is loopback and not in PROMPTSCHED_WEBHOOK_ALLOW",
+            "127.0.0.1/32",
+        ),
+        ("http://10.0.0.1/hook", "10.0.0.1 is private and not in", "10.0.0.0/8"),
+        ("http://192.168.1.20/hook", "192.168.1.20 is private and not in", "192.168.1.0/24"),
+        (
+            "http://169.254.169.254/latest/meta-data",
+            "169.254.169.254 is a cloud metadata address; list it exactly (169.254.169.254/32) "
+            "in PROMPTSCHED_WEBHOOK_ALLOW to allow it",
+            "169.254.169.254",
+        ),
+        (
+            "http://169.254.10.1/",
+            "169.254.10.1 is a link-local address; list it exactly (169.254.10.1/32)",
+            "169.254.10.1/32",
+        ),
+        ("http://[::1]:9000/", "::1 is loopback and not in", "::1"),
+        (
+            "http://[::ffff:10.0.0.1]/",
+            "10.0.0.1 (embedded in ::ffff:a00:1) is private and not in",
+            "10.0.0.0/8",
+        ),
+        ("http://[fd00::1]/", "fd00::1 is private and not in", "fd00::/8"),
+        ("http://localhost:8080/", "localhost is a loopback name and not in", "localhost"),
+        ("http://api.localhost/", "api.localhost is a loopback name and not in", "127.0.0.0/8"),
+        (
+            "http://100.64.0.1/",
+            "100.64.0.1 is shared address space (CGNAT, 100.64.0.0/10) and not in",
+            "100.64.0.0/10",
+        ),
+        ("http://0.0.0.0/", "0.0.0.0 is unspecified and not in", "0.0.0.0/32"),
+        ("http://224.0.0.1/", "224.0.0.1 is multicast and not in", "224.0.0.0/4"),
     ],
 )
-def test_webhooks_to_private_addresses_are_refused_by_default(url: str, reason: str) -> None:
+def test_webhooks_to_non_public_addresses_are_refused_naming_the_rule(
+    url: str, message: str, allow: str
+) -> None:
     error = _error({"webhook": {"url": url}})
     assert error.field == "notify.webhook.url"
-    assert reason in error.message
-    assert "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS=true" in error.message
-    # ... and accepted when the server allows them (development, tests).
-    allowed = notify_targets.validate_targets({"webhook": url}, allow_private=True)
+    assert message in error.message
+    # ... and accepted when the allowlist lets the address through.
+    allowed = notify_targets.validate_targets({"webhook": url}, allow=_allow(allow))
     assert allowed["webhook"]["url"] == url
 
 
 @pytest.mark.parametrize(
-    "url", ["http://2130706433/", "http://127.1/", "http://0x7f.0.0.1/", "http://0.0.0.0/"]
+    "url", ["http://2130706433/", "http://127.1/", "http://0x7f.0.0.1/", "http://0177.0.0.1/"]
 )
-def test_numeric_tricks_and_unspecified_are_refused_even_when_private_is_allowed(url: str) -> None:
-    assert _error({"webhook": url}, allow_private=True).field == "notify.webhook.url"
+def test_numeric_tricks_are_refused_whatever_the_allowlist(url: str) -> None:
+    error = _error({"webhook": url}, allow="0.0.0.0/0,::/0")
+    assert error.field == "notify.webhook.url"
+    assert "non-canonical numeric address" in error.message
+    assert "PROMPTSCHED_WEBHOOK_ALLOW" not in error.message  # no advice that cannot help
+
+
+def test_a_wide_range_never_opens_the_metadata_address() -> None:
+    error = _error({"webhook": "http://169.254.169.254/"}, allow="0.0.0.0/0,169.254.0.0/16")
+    assert error.message == (
+        "169.254.169.254 is a cloud metadata address, which only an exact entry allows: "
+        "PROMPTSCHED_WEBHOOK_ALLOW covers it only with the wider range 0.0.0.0/0; "
+        "list 169.254.169.254/32 itself to allow it"
+    )
+    # A wide range still opens ordinary private and loopback addresses.
+    notify_targets.validate_targets({"webhook": "http://10.1.2.3/"}, allow=_allow("0.0.0.0/0"))
 
 
 @pytest.mark.parametrize(
     ("url", "message"),
     [
         ("ftp://example.com/x", "must start with http:// or https://"),
-        ("https://", "empty address"),
+        ("https://", "the URL has no host"),
         ("https://user:pw@example.com/", "must not carry credentials"),
         ("https://example.com:99999/", "not a valid URL"),
         ("https://exa mple.com/", "without spaces"),
@@ -118,7 +163,7 @@ def test_a_given_secret_is_checked_and_kept() -> None:
         "notify.webhook.secret"
     )
     result = notify_targets.validate_targets(
-        {"webhook": {"url": "https://e.com", "secret": "s" * 32}}, allow_private=False
+        {"webhook": {"url": "https://e.com", "secret": "s" * 32}}, allow=NOTHING
     )
     assert result["webhook"]["secret"] == "s" * 32
 
@@ -126,7 +171,7 @@ def test_a_given_secret_is_checked_and_kept() -> None:
 def test_an_update_without_a_secret_keeps_the_stored_one() -> None:
     current = {"webhook": {"url": "https://old.example.com", "secret": "kept-secret-1234567"}}
     result = notify_targets.validate_targets(
-        {"webhook": "https://new.example.com"}, allow_private=False, current=current
+        {"webhook": "https://new.example.com"}, allow=NOTHING, current=current
     )
     assert result["webhook"] == {"url": "https://new.example.com", "secret": "kept-secret-1234567"}
 
@@ -147,16 +192,16 @@ def test_unknown_keys_and_wrong_types_name_their_field(raw: Any, field: str) -> 
 
 def test_a_public_view_sent_back_unchanged_keeps_the_stored_secret() -> None:
     stored = notify_targets.validate_targets(
-        {"email": "a@b.co", "webhook": "https://e.com"}, allow_private=False
+        {"email": "a@b.co", "webhook": "https://e.com"}, allow=NOTHING
     )
     again = notify_targets.validate_targets(
-        notify_targets.public(stored), allow_private=False, current=stored
+        notify_targets.public(stored), allow=NOTHING, current=stored
     )
     assert again == stored
 
 
 def test_the_public_view_shows_the_secret_only_when_asked() -> None:
-    stored = notify_targets.validate_targets({"webhook": "https://e.com"}, allow_private=False)
+    stored = notify_targets.validate_targets({"webhook": "https://e.com"}, allow=NOTHING)
     shown = notify_targets.public(stored)
     assert shown["webhook"] == {"url": "https://e.com", "secret_set": True}
     assert stored["webhook"]["secret"] not in str(shown)

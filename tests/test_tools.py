@@ -1,13 +1,15 @@
 """The built-in read-only tools against a local web site: readable text from HTML, feeds,
-size caps, the network guard (the webhooks' one), and the tool catalog's rules."""
+size caps, the network guard (with the tools' own allowlist), and the tool catalog's rules."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
 
+from promptsched import netguard
 from promptsched.errors import RetryableError, ValidationError
 from promptsched.tools import builtin, feeds
 from promptsched.tools.base import Catalog, ToolError
@@ -15,6 +17,8 @@ from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import McpSettings
 from promptsched.tools.text import html_to_text
 from tests.fakes import pages as site
+
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1", variable=netguard.TOOLS_ALLOW)
 
 
 @pytest.fixture
@@ -25,7 +29,7 @@ async def pages() -> AsyncIterator[site.Pages]:
 
 @pytest.fixture
 async def tools() -> AsyncIterator[builtin.Builtins]:
-    found = builtin.Builtins(allow_private=True)  # the local site is on loopback
+    found = builtin.Builtins(allow=LOOPBACK)  # the local site is on loopback
     yield found
     await found.aclose()
 
@@ -97,18 +101,23 @@ async def test_http_get_rejects_bad_arguments(
         await tools.tools["http_get"].call(arguments)
 
 
-async def test_the_private_address_guard_refuses_loopback_unless_allowed(
+async def test_the_address_guard_refuses_loopback_unless_the_tools_allowlist_covers_it(
     pages: site.Pages,
 ) -> None:
-    guarded = builtin.Builtins(allow_private=False)
+    guarded = builtin.Builtins(allow=netguard.NO_TOOLS_ALLOW)
     try:
         # Checked before any connection (redirect hops go through the same check).
-        for url in ("http://10.1.2.3/", "http://[::1]/", "http://169.254.169.254/latest"):
-            with pytest.raises(ToolError, match="address .* refused"):
+        for url, rule in [
+            ("http://10.1.2.3/", "10.1.2.3 is private and not in PROMPTSCHED_TOOLS_ALLOW"),
+            ("http://[::1]/", "::1 is loopback and not in PROMPTSCHED_TOOLS_ALLOW"),
+            ("http://169.254.169.254/latest", "169.254.169.254 is a cloud metadata address"),
+        ]:
+            with pytest.raises(ToolError, match=re.escape(rule)):
                 guarded.fetcher.check(url)
-        with pytest.raises(ToolError, match="loopback address 127.0.0.1 refused"):
+        message = "127.0.0.1 is loopback and not in PROMPTSCHED_TOOLS_ALLOW"
+        with pytest.raises(ToolError, match=message):
             await guarded.tools["http_get"].call({"url": pages.url("/page")})
-        with pytest.raises(ToolError, match="loopback"):
+        with pytest.raises(ToolError, match="localhost is a loopback name and not in"):
             await guarded.tools["rss"].call({"url": "http://localhost/feed"})
     finally:
         await guarded.aclose()
@@ -157,7 +166,7 @@ def test_the_catalog_names_unknown_and_refused_tools() -> None:
 
 async def test_the_registry_offers_the_builtins_and_waits_for_disconnected_servers() -> None:
     down = McpSettings("down", url="http://127.0.0.1:9/mcp", timeout=timedelta(seconds=1))
-    registry = ToolRegistry.from_settings(allow_private=False, mcp={"down": down})
+    registry = ToolRegistry.from_settings(allow=netguard.NO_TOOLS_ALLOW, mcp={"down": down})
     try:
         catalog = registry.catalog()
         assert catalog.tools == {"http_get": None, "rss": None}

@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 from anyio.abc import TaskStatus
 
-from promptsched import service
+from promptsched import netguard, service
 from promptsched.api import openapi
 from promptsched.api.handlers import (
     controls,
@@ -136,7 +136,7 @@ def build(
     clock: Clock | None = None,
     providers: Collection[str] = ("echo",),
     provider_kinds: Mapping[str, str] | None = None,
-    allow_private_webhooks: bool = False,
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     tools: Callable[[], Catalog] | None = None,
     progress: ProgressHub | None = None,
 ) -> web.Application:
@@ -150,7 +150,7 @@ def build(
         ready=ready,
         providers=tuple(providers),
         provider_kinds=dict(provider_kinds or {}),
-        allow_private_webhooks=allow_private_webhooks,
+        webhook_allow=webhook_allow,
         document=openapi.document(ops),
         tools=tools,
         progress=progress or ProgressHub(),

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import asyncpg
 from aiohttp import web
 
+from promptsched import netguard
 from promptsched.api import auth, schemas, validate
 from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
@@ -50,7 +51,7 @@ class Deps:
     ready: Callable[[], bool]
     providers: tuple[str, ...]
     provider_kinds: dict[str, str] = field(default_factory=dict)
-    allow_private_webhooks: bool = False
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
     document: dict[str, Any] = field(default_factory=dict)
     tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
     progress: ProgressHub = field(default_factory=ProgressHub)

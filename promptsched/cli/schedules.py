@@ -53,7 +53,7 @@ def _tool_catalog(config: configuration.Config, params: dict[str, str]) -> Catal
     from promptsched.tools.settings import parse_mcp_servers
 
     tools = registry.ToolRegistry.from_settings(
-        allow_private=config.allow_private_webhooks,
+        allow=config.tools_allow,
         mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
     )
     previous = structlog.get_config()
@@ -94,7 +94,7 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
         {k: v for k, v in raw.items() if v is not None},
         providers=list(providers),
         provider_kinds={name: provider.kind for name, provider in providers.items()},
-        allow_private_webhooks=config.allow_private_webhooks,
+        webhook_allow=config.webhook_allow,
         tools=_tool_catalog(config, raw["params"]),
     )
 

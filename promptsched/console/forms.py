@@ -120,7 +120,7 @@ def _validate(ctx: Ctx, raw: dict[str, Any]) -> service.ScheduleInput:
     deps = ctx.deps
     return service.validate(
         raw, providers=deps.providers, provider_kinds=deps.provider_kinds,
-        allow_private_webhooks=deps.allow_private_webhooks,
+        webhook_allow=deps.webhook_allow,
     )  # fmt: skip
 
 
@@ -163,7 +163,7 @@ async def save(ctx: Ctx) -> web.StreamResponse:
             await service.update_schedule(
                 conn, deps.clock, sid, patch, owner=ctx.scope, actor=ctx.who.actor,
                 providers=deps.providers, provider_kinds=deps.provider_kinds,
-                allow_private_webhooks=deps.allow_private_webhooks, expected_version=version,
+                webhook_allow=deps.webhook_allow, expected_version=version,
             )  # fmt: skip
     except ValidationError as exc:
         return _render(ctx, values, sid=sid, version=version, error=exc, status=422)

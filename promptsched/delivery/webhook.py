@@ -84,14 +84,14 @@ def _status_error(status: int, headers: Any, excerpt: str) -> DeliveryError:
 
 
 def _refused(exc: netguard.AddressRefused) -> DeliveryError:
-    return DeliveryError(f"webhook: {exc} ({netguard.ALLOW_HINT})", permanent=True)
+    return DeliveryError(f"webhook: {exc}", permanent=True)
 
 
 class WebhookSender:
     channel = "webhook"
 
-    def __init__(self, *, allow_private: bool, timeout: float) -> None:
-        self.allow_private = allow_private
+    def __init__(self, *, allow: netguard.Allowlist, timeout: float) -> None:
+        self.allow = allow
         self.timeout = timeout
         self._http: aiohttp.ClientSession | None = None
 
@@ -100,7 +100,7 @@ class WebhookSender:
             # Every connection goes to an address the guard checked; no DNS cache to outlive
             # a check, no proxies from the environment, no redirects followed.
             connector = aiohttp.TCPConnector(
-                resolver=netguard.GuardedResolver(allow_private=self.allow_private),
+                resolver=netguard.GuardedResolver(self.allow),
                 use_dns_cache=False,
                 limit=100,
             )
@@ -119,7 +119,7 @@ class WebhookSender:
                 permanent=True,
             )
         try:
-            netguard.check_host(URL(url).host or "", allow_private=self.allow_private)
+            netguard.check_host(URL(url).host or "", self.allow)
         except netguard.AddressRefused as exc:
             raise _refused(exc) from None
         except ValueError as exc:

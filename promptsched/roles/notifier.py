@@ -46,7 +46,7 @@ def build_senders(config: Config) -> dict[str, Sender]:
     timeout = config.notifier_timeout.total_seconds()
     return {
         "email": EmailSender(EmailSettings.from_config(config)),
-        "webhook": WebhookSender(allow_private=config.allow_private_webhooks, timeout=timeout),
+        "webhook": WebhookSender(allow=config.webhook_allow, timeout=timeout),
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from promptsched import netguard
 from promptsched.tools import feeds
 from promptsched.tools.base import Tool, ToolError, clip, int_argument, string_argument
 from promptsched.tools.fetch import Fetched, Fetcher
@@ -96,10 +97,8 @@ class Rss:
 class Builtins:
     """The built-in tools of one process, sharing one guarded HTTP session."""
 
-    def __init__(self, *, allow_private: bool) -> None:
-        self.fetcher = Fetcher(
-            allow_private=allow_private, max_bytes=MAX_DOWNLOAD_BYTES, timeout=FETCH_TIMEOUT
-        )
+    def __init__(self, *, allow: netguard.Allowlist) -> None:
+        self.fetcher = Fetcher(allow=allow, max_bytes=MAX_DOWNLOAD_BYTES, timeout=FETCH_TIMEOUT)
         self.tools: dict[str, Tool] = {
             tool.name: tool for tool in (HttpGet(self.fetcher), Rss(self.fetcher))
         }

@@ -1,6 +1,6 @@
-"""A guarded HTTP GET for the built-in tools: only addresses the network guard accepts (the
-same one as webhooks, checked again after DNS), redirects followed by hand so every hop is
-checked, and the body read up to a size cap."""
+"""A guarded HTTP GET for the built-in tools: only addresses the network guard accepts under
+the tools' own allowlist (``PROMPTSCHED_TOOLS_ALLOW``, checked again after DNS), redirects
+followed by hand so every hop is checked, and the body read up to a size cap."""
 
 from __future__ import annotations
 
@@ -34,9 +34,14 @@ class Fetcher:
     addresses; ``aclose`` closes it."""
 
     def __init__(
-        self, *, allow_private: bool, max_bytes: int, timeout: float, connect_timeout: float = 10
+        self,
+        *,
+        allow: netguard.Allowlist,
+        max_bytes: int,
+        timeout: float,
+        connect_timeout: float = 10,
     ) -> None:
-        self.allow_private = allow_private
+        self.allow = allow
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.connect_timeout = min(connect_timeout, timeout)
@@ -45,7 +50,7 @@ class Fetcher:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             connector = aiohttp.TCPConnector(
-                resolver=netguard.GuardedResolver(allow_private=self.allow_private),
+                resolver=netguard.GuardedResolver(self.allow),
                 use_dns_cache=False,
                 limit=100,
             )
@@ -65,7 +70,7 @@ class Fetcher:
         if parsed.user or parsed.password:
             raise ToolError("URLs with credentials are not fetched")
         try:
-            netguard.check_host(parsed.host, allow_private=self.allow_private)
+            netguard.check_host(parsed.host, self.allow)
         except netguard.AddressRefused as exc:
             raise ToolError(f"{url[:200]}: {exc}") from None
         return parsed

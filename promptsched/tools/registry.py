@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
+from promptsched import netguard
 from promptsched.errors import RetryableError
 from promptsched.tools.base import Catalog, Tool
 from promptsched.tools.builtin import Builtins
@@ -36,10 +37,10 @@ class ToolRegistry:
 
     @classmethod
     def from_settings(
-        cls, *, allow_private: bool, mcp: Mapping[str, McpSettings] | None = None
+        cls, *, allow: netguard.Allowlist, mcp: Mapping[str, McpSettings] | None = None
     ) -> ToolRegistry:
         servers = [McpServer(settings) for settings in (mcp or {}).values()]
-        return cls(Builtins(allow_private=allow_private), servers)
+        return cls(Builtins(allow=allow), servers)
 
     def tools(self) -> dict[str, Tool]:
         """Every tool known now (MCP tools only while their server is connected)."""

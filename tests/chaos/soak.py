@@ -22,7 +22,7 @@ import anyio
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from promptsched import service
+from promptsched import netguard, service
 from promptsched.clock import Clock
 from promptsched.store import migrate
 from promptsched.store import pool as pools
@@ -32,6 +32,8 @@ from tests.chaos.fleet import Fleet
 from tests.chaos.injector import Injector, say
 from tests.chaos.proxy import TcpProxy
 from tests.fakes.http_sink import HttpSink, Reply, start_http_sink
+
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
 
 DATABASE = "chaos"
 # Second-level crons (seconds first): a spread of periods, ~0.19 runs/s per schedule.
@@ -119,7 +121,7 @@ def process_env(config: ChaosConfig) -> dict[str, str]:
         "PROMPTSCHED_DRAIN_GRACE": "1s",
         "PROMPTSCHED_RETRY_BASE": "100ms",
         "PROMPTSCHED_RETRY_MAX": "1s",
-        "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS": "true",
+        "PROMPTSCHED_WEBHOOK_ALLOW": "127.0.0.1/32",
         "PROMPTSCHED_NOTIFIER_RETRY_BASE": "200ms",
         "PROMPTSCHED_NOTIFIER_RETRY_MAX": "2s",
         "PROMPTSCHED_NOTIFIER_LEASE": "10s",
@@ -161,7 +163,7 @@ async def create_schedules(
     first: dict[int, datetime] = {}
     for index in range(count):
         values = service.validate(
-            schedule_input(rng, index, hook), providers=["echo"], allow_private_webhooks=True
+            schedule_input(rng, index, hook), providers=["echo"], webhook_allow=LOOPBACK
         )
         row = await service.create_schedule(pool, Clock(), values, owner="chaos")
         first[row["id"]] = row["next_fire_at"]

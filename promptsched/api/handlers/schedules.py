@@ -35,7 +35,7 @@ async def create(call: Call) -> web.StreamResponse:
         call.body,
         providers=deps.providers,
         provider_kinds=deps.provider_kinds,
-        allow_private_webhooks=deps.allow_private_webhooks,
+        webhook_allow=deps.webhook_allow,
         tools=deps.tool_catalog(),
     )
     async with deps.pool.acquire() as conn, conn.transaction():
@@ -95,7 +95,7 @@ async def patch(call: Call) -> web.StreamResponse:
                 actor=call.who.actor,
                 providers=deps.providers,
                 provider_kinds=deps.provider_kinds,
-                allow_private_webhooks=deps.allow_private_webhooks,
+                webhook_allow=deps.webhook_allow,
                 expected_version=expected,
                 tools=deps.tool_catalog(),
             )
