@@ -5,6 +5,7 @@ return the API's JSON, so each command has one rendering whichever way it went."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -244,31 +245,33 @@ class DirectBackend:
             except ValueError:
                 return
             if isinstance(event, dict) and event.get("run_id") == run_id:
-                send.send_nowait(event)
+                with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+                    send.send_nowait(event)  # progress is ephemeral: a flood drops events
 
-        listener = await pools.connect(self.dsn, application_name="promptsched-cli-watch")
-        try:
-            await listener.add_listener(listen.CHANNEL_PROGRESS, on_notify)
-            status = await queries.run_get_status(self.conn, run_id, None)
-            if status is None:
-                raise service.NotFound("run", run_id)
-            yield "subscribed", {}
-            while status not in ENDED:
-                event: dict[str, Any] | None = None
-                with anyio.move_on_after(WATCH_POLL):
-                    event = await receive.receive()
-                if event is not None:
-                    yield "progress", event
-                    continue
-                status = await queries.run_get_status(self.conn, run_id, None) or "deleted"
-            while True:  # events that arrived with the final status
-                try:
-                    yield "progress", receive.receive_nowait()
-                except anyio.WouldBlock:
-                    break
-            yield "done", {"run_id": run_id, "status": status}
-        finally:
-            await listener.close()
+        with send, receive:
+            listener = await pools.connect(self.dsn, application_name="promptsched-cli-watch")
+            try:
+                await listener.add_listener(listen.CHANNEL_PROGRESS, on_notify)
+                status = await queries.run_get_status(self.conn, run_id, None)
+                if status is None:
+                    raise service.NotFound("run", run_id)
+                yield "subscribed", {}
+                while status not in ENDED:
+                    event: dict[str, Any] | None = None
+                    with anyio.move_on_after(WATCH_POLL):
+                        event = await receive.receive()
+                    if event is not None:
+                        yield "progress", event
+                        continue
+                    status = await queries.run_get_status(self.conn, run_id, None) or "deleted"
+                while True:  # events that arrived with the final status
+                    try:
+                        yield "progress", receive.receive_nowait()
+                    except anyio.WouldBlock:
+                        break
+                yield "done", {"run_id": run_id, "status": status}
+            finally:
+                await listener.close()
 
     async def dead_notifications(self, limit: int) -> list[dict[str, Any]]:
         return await notifications.list_dead_notifications(self.conn, None, limit=limit)

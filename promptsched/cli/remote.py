@@ -225,8 +225,10 @@ class RemoteBackend:
     async def list_runs(
         self, *, schedule_id: int | None, status: str | None, limit: int
     ) -> list[dict[str, Any]]:
-        params = {"schedule_id": schedule_id, "status": status}
-        return await self._pages("/v1/runs", params, limit)
+        if schedule_id is None:
+            return await self._pages("/v1/runs", {"status": status}, limit)
+        path = f"/v1/schedules/{_path_id(schedule_id)}/runs"  # a 404 unless it is yours
+        return await self._pages(path, {"status": status}, limit)
 
     async def get_run(self, run_id: int) -> dict[str, Any]:
         data: dict[str, Any] = await self.call("GET", f"/v1/runs/{_path_id(run_id)}")
