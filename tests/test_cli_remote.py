@@ -8,19 +8,27 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
+import asyncpg
 import pytest
 
 from promptsched import cli
+from promptsched.api import auth
 from promptsched.cli import completion
 from promptsched.clock import Clock, FrozenClock
 from promptsched.store import pool as pools
 from tests import factories
+from tests import test_agent_processes as agents
+from tests.fakes import openai_server as fake_server
+from tests.fakes import pages as site
 from tests.helpers import Service
 
 # Commands that never go through the API: the service itself, its schema, token management
@@ -284,3 +292,82 @@ def test_human_times_are_in_the_zone_relative_and_paused_schedules_have_no_next_
     assert re.search(r"resume\s", history) and "holiday" in history
     code, out, _ = run_cli("schedules", "explain", "1", "--at", "2026-11-23T09:00", clock=clock)
     assert code == 0 and out.startswith("2026-11-23 09:00 CET (1 h 20 min ago): ")
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
+    async with fake_server.start_fake_openai() as server:
+        yield server
+
+
+@pytest.fixture
+async def pages() -> AsyncIterator[site.Pages]:
+    async with site.start_pages() as running:
+        yield running
+
+
+def _watcher(dsn: str, run_id: int, remote_env: dict[str, str] | None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+    env.update(remote_env or {"PROMPTSCHED_DATABASE_URL": dsn})
+    return subprocess.Popen(
+        [sys.executable, "-m", "promptsched", "runs", "watch", str(run_id)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+async def test_runs_watch_follows_an_agent_run_live_in_both_modes(
+    dsn: str,
+    pool: asyncpg.Pool[Any],
+    tmp_path: Path,
+    fake: fake_server.FakeOpenAI,
+    pages: site.Pages,
+) -> None:
+    fake.script(
+        fake_server.tool_calls(("http_get", {"url": pages.url("/page")})),
+        fake_server.ok("Sunny."),
+    )
+    sid = await agents._agent_schedule(pool, owner="alice")
+    token, _ = await auth.create_token(pool, owner="alice")
+    # A run owed in an hour: the watchers subscribe before it may start.
+    rid: int = await pool.fetchval(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT id, now(), 'manual', provider, max_attempts, now() + interval '1 hour' "
+        "FROM schedules WHERE id = $1 RETURNING id",
+        sid,
+    )
+    service = Service(dsn, tmp_path / "service.log", env=agents._env(fake))
+    watchers: list[subprocess.Popen[str]] = []
+    try:
+        port = (await service.wait_event("api.listening", timeout=60))["port"]
+        remote_env = {"PROMPTSCHED_URL": f"http://127.0.0.1:{port}", "PROMPTSCHED_TOKEN": token}
+        watchers = [_watcher(dsn, rid, remote_env), _watcher(dsn, rid, None)]
+        for watcher in watchers:
+            assert watcher.stdout is not None
+            first = await anyio.to_thread.run_sync(watcher.stdout.readline)
+            assert first.startswith(f"watching run {rid} (pending)"), first
+        await pool.execute("UPDATE runs SET available_at = now() WHERE id = $1", rid)
+        await pool.execute("SELECT pg_notify('promptsched_runs', 'test')")
+        outputs = [
+            await anyio.to_thread.run_sync(lambda w=w: w.communicate(timeout=60)) for w in watchers
+        ]
+    finally:
+        for watcher in watchers:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait()
+        service.stop()
+    (remote_out, remote_err), (direct_out, direct_err) = outputs
+    assert [w.returncode for w in watchers] == [0, 0], (remote_err, direct_err)
+    lines = remote_out.splitlines()
+    assert re.fullmatch(r"\[attempt 1\] calling http_get \{.*/page\"\}", lines[2]), lines
+    assert lines[:2] + lines[3:] == [
+        "[attempt 1] starting with http_get; at most 4 steps",
+        "[attempt 1] step 1/4: the model calls http_get (10 tokens)",
+        "[attempt 1] http_get returned 141 chars",
+        "[attempt 1] step 2/4: the model answered (20 tokens)",
+        f"run {rid} succeeded",
+    ]

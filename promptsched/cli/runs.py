@@ -107,10 +107,9 @@ def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
 
 
 def _progress_line(event: dict[str, Any]) -> str:
-    step, most = event.get("step"), event.get("max_steps")
-    where = f"[attempt {event.get('attempt')}, step {step}/{most}]" if step else ""
-    tokens = f" ({event['tokens']} tokens)" if event.get("tokens") else ""
-    return f"{where} {event.get('kind', '')}: {event.get('text', '')}{tokens}".strip()
+    """One step in words; the text already says the step (``step 1/4: ...``)."""
+    tokens = f" ({event['tokens']} tokens)" if event.get("kind") == "model" else ""
+    return f"[attempt {event.get('attempt')}] {event.get('text', '')}{tokens}"
 
 
 def cmd_watch(args: argparse.Namespace, config: configuration.Config) -> int:
