@@ -88,12 +88,20 @@ class ApiProblem(CliError):
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
             field, message = error.get("field"), str(error.get("message"))
-        else:
-            field, message = None, f"HTTP {status}"
+        else:  # not the API's own answer: a proxy or another server
+            field, message = None, f"the server answered HTTP {status} without an API error"
         text = f"{field}: {message}" if field else message
         code = {400: EXIT_BAD_INPUT, 422: EXIT_BAD_INPUT, 404: EXIT_NOT_FOUND}.get(status)
         super().__init__(text, code or EXIT_OTHER)
         self.status = status
+
+
+def _json(text: str) -> Any:
+    """A JSON body; None for an empty or malformed one (a proxy's error page, say)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def _path_id(value: int) -> str:
@@ -139,14 +147,16 @@ class RemoteBackend:
                 method, self.where.url + path, params=query, json=body
             ) as response:
                 text = await response.text()
-                data: Any = None
-                if text and response.content_type == "application/json":
-                    data = json.loads(text)
+                data = _json(text) if response.content_type == "application/json" else None
                 if response.status >= 400:
                     raise ApiProblem(response.status, data)
                 return data
         except aiohttp.ClientError as exc:
             raise CliError(f"cannot reach {self.where.url}: {exc}", EXIT_OTHER) from None
+        except TimeoutError:
+            raise CliError(
+                f"{self.where.url} did not answer within {TIMEOUT.total:.0f} s", EXIT_OTHER
+            ) from None
 
     async def _pages(
         self, path: str, params: Mapping[str, Any], limit: int
@@ -252,8 +262,7 @@ class RemoteBackend:
             try:
                 async with self.session.get(url, timeout=STREAM_TIMEOUT) as response:
                     if response.status >= 400:
-                        text = await response.text()
-                        raise ApiProblem(response.status, json.loads(text) if text else None)
+                        raise ApiProblem(response.status, _json(await response.text()))
                     if first:
                         first = False
                         yield "subscribed", {}

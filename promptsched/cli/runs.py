@@ -8,10 +8,11 @@ import json
 from typing import Any
 
 from promptsched import config as configuration
+from promptsched import service
 from promptsched.api import schemas
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
-from promptsched.cli.common import table
+from promptsched.cli.common import CliError, table
 from promptsched.cli.schedules import now_of
 from promptsched.errors import ValidationError
 
@@ -51,7 +52,7 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
 async def _zone(api: Backend, schedule_id: int) -> str:
     try:
         zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except Exception:  # deleted meanwhile, or not readable: UTC
+    except (CliError, service.NotFound):  # its schedule was deleted: UTC
         return "UTC"
     return zone
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from promptsched import config as configuration
 from promptsched import service
+from promptsched.api import auth
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, instant, table
@@ -121,8 +122,10 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
     notify = _notify(args, {})
     if notify is not None:
         body["notify"] = notify
-    if backend.remote_target(args, config) is not None and args.owner is not None:
-        raise CliError("--owner: in remote mode a schedule belongs to the token's owner")
+    if args.owner is not None:
+        if backend.remote_target(args, config) is not None:
+            raise CliError("--owner: in remote mode a schedule belongs to the token's owner")
+        auth.check_owner(args.owner, "--owner")
 
     async def action(api: Backend) -> int:
         _print_schedule(args, await api.create_schedule(body, args.owner), "created ")
