@@ -206,6 +206,11 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
     assert cancelled["status"] == "cancelled"
     assert run_cli.both("runs", "watch", str(run["id"]), token=alice) == {
         "event": "done", "run_id": run["id"], "status": "succeeded"}  # fmt: skip
+    for argv in (("runs", "show", str(run["id"])), ("schedules", "history", sid),
+                 ("runs", "list", "--schedule", sid), ("schedules", "explain", sid, "--at",
+                 "2026-01-01T09:00")):  # fmt: skip
+        remote = run_cli(*argv, token=alice, clock=pinned)
+        assert remote[0] == 0 and remote == run_cli(*argv, clock=pinned), argv
     code, out, _ = run_cli("runs", "watch", str(run["id"]), token=alice)
     assert code == 0 and out.splitlines()[-1] == f"run {run['id']} succeeded"
     backfill = run_cli.json("schedules", "backfill", fid, "--start", "2026-01-01T00:00:00Z",

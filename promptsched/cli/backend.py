@@ -94,9 +94,10 @@ class DirectBackend:
     """Over one database connection, with no owner scope (the database's operator sees
     every owner); new schedules belong to ``--owner`` (default ``default``)."""
 
-    def __init__(self, conn: asyncpg.Connection[Any], config: configuration.Config, clock: Clock):
-        self.conn, self.config, self.clock = conn, config, clock
-        self.dsn = ""
+    def __init__(
+        self, conn: asyncpg.Connection[Any], dsn: str, config: configuration.Config, clock: Clock
+    ) -> None:
+        self.conn, self.dsn, self.config, self.clock = conn, dsn, config, clock
 
     def _providers(self) -> dict[str, str]:
         from promptsched.executors.settings import parse_providers
@@ -348,9 +349,7 @@ class _Direct(AbstractAsyncContextManager[DirectBackend]):
         if self.migrate_first:
             await migrate.apply(self.conn)
         await migrate.check(self.conn)
-        backend = DirectBackend(self.conn, self.config, self.clock)
-        backend.dsn = self.dsn
-        return backend
+        return DirectBackend(self.conn, self.dsn, self.config, self.clock)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -54,7 +54,9 @@ _CLEARABLE = ("model", "catchup_window", "jitter")  # an empty value clears thes
 
 
 def now_of(args: argparse.Namespace) -> datetime:
-    """The renderer's now: the injected clock's instant, else this machine's."""
+    """The renderer's now: the injected clock's instant, else this machine's. Only for
+    showing distances ("in 3 min"): no decision is taken on it, and in remote mode the
+    database's clock is not reachable."""
     clock = getattr(args, "clock", None)
     pinned = clock.sql_now() if clock is not None else None
     return pinned or datetime.now(UTC)
