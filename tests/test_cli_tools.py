@@ -109,7 +109,7 @@ def test_the_bash_completion_is_valid_and_lists_every_subcommand_and_flag(tmp_pa
 def test_the_zsh_completion_is_valid_and_lists_the_subcommands(tmp_path: Path) -> None:
     script = _script("zsh")
     assert script.startswith("#compdef promptsched\n")
-    assert "['promptsched schedules']=" in script and "explain" in script
+    assert "'promptsched schedules' 'add edit " in script and "explain" in script
     zsh = shutil.which("zsh")
     if zsh is None:
         pytest.skip("zsh is not installed: only the bash script's syntax can be checked here")
@@ -117,6 +117,15 @@ def test_the_zsh_completion_is_valid_and_lists_the_subcommands(tmp_path: Path) -
     path.write_text(script)
     syntax = subprocess.run([zsh, "-n", str(path)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+    # compdef and compadd come from compinit: stand-ins record what would be offered.
+    probe = f"""compdef() {{ : }}
+compadd() {{ shift; print -l -- "$@" }}
+source {path}
+words=(promptsched runs ""); CURRENT=3; _promptsched
+"""
+    done = subprocess.run([zsh, "-f", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["list", "show", "replay", "cancel", "watch"]
 
 
 NOW = datetime(2026, 11, 23, 7, 57, tzinfo=UTC)

@@ -65,7 +65,11 @@ _promptsched() {{
         compadd -- ${{=_promptsched_sub[$cmdpath]}}
     fi
 }}
-compdef _promptsched promptsched
+if [[ "${{zsh_eval_context[-1]}}" == loadautofunc ]]; then
+    _promptsched "$@"  # autoloaded from $fpath: this is the first completion
+else
+    compdef _promptsched promptsched
+fi
 """
 
 
@@ -91,13 +95,15 @@ def walk(
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
     entries = list(walk(parser))
 
-    def table(index: int, indent: str) -> str:
-        rows = [(path, " ".join(items[index - 1])) for path, *items in entries]
-        return "\n".join(f"{indent}[{shlex.quote(path)}]={shlex.quote(words)}"
-                         for path, words in rows)  # fmt: skip
+    def table(index: int) -> str:
+        """bash's ``[key]=value`` entries; zsh's ``key value`` pairs (any zsh version)."""
+        rows = [(shlex.quote(path), shlex.quote(" ".join(items[index - 1])))
+                for path, *items in entries]  # fmt: skip
+        shape = "    [{}]={}" if shell == "bash" else "    {} {}"
+        return "\n".join(shape.format(path, words) for path, words in rows)
 
     template = _BASH if shell == "bash" else _ZSH
-    return template.format(children=table(1, "    "), flags=table(2, "    "))
+    return template.format(children=table(1), flags=table(2))
 
 
 def cmd_completion(args: argparse.Namespace, config: Any) -> int:
