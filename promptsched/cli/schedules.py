@@ -12,7 +12,7 @@ from typing import Any
 from promptsched import config as configuration
 from promptsched import service
 from promptsched.api import auth
-from promptsched.cli import backend, render
+from promptsched.cli import backend, render, schedule_flags
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, instant, table
 from promptsched.errors import ValidationError
@@ -40,17 +40,6 @@ _HISTORY_COLUMNS = (
 )
 _RUN_COLUMNS = (("RUN", "id", 8), ("ORIGIN", "origin", 8), ("STATUS", "status", 9),
                 ("DETAIL", "detail", 0))  # fmt: skip
-# flag dest -> API field, for the flags `add` and `edit` share
-_FIELDS = {
-    "name": "name", "prompt": "prompt", "tz": "timezone", "provider": "provider",
-    "model": "model", "misfire": "misfire", "misfire_cap": "misfire_cap",
-    "misfire_grace": "misfire_grace", "catchup_window": "catchup_window",
-    "overlap": "overlap", "max_attempts": "max_attempts", "timeout": "timeout",
-    "jitter": "jitter", "dst_gap": "dst_gap", "dst_fold": "dst_fold",
-    "pause_after_failures": "pause_after_failures",
-    "cron": "cron", "rrule": "rrule", "at": "at", "every": "every",
-}  # fmt: skip
-_CLEARABLE = ("model", "catchup_window", "jitter")  # an empty value clears these
 
 
 def now_of(args: argparse.Namespace) -> datetime:
@@ -60,52 +49,6 @@ def now_of(args: argparse.Namespace) -> datetime:
     clock = getattr(args, "clock", None)
     pinned = clock.sql_now() if clock is not None else None
     return pinned or datetime.now(UTC)
-
-
-def _params(pairs: list[str]) -> dict[str, str]:
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValidationError("--param", f"expected KEY=VALUE, got {pair!r}")
-        params[key] = value
-    return params
-
-
-def _notify(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``notify`` value the flags ask for, starting from ``current``; None: unchanged."""
-    if args.no_notify:
-        if args.email or args.webhook or args.notify_on:
-            raise ValidationError("--no-notify", "cannot be combined with other notify flags")
-        return {}
-    if not (args.email or args.webhook or args.notify_on):
-        return None
-    notify = dict(current)
-    if args.email:
-        notify["email"] = list(args.email)
-    if args.webhook:
-        notify["webhook"] = {"url": args.webhook}
-    if args.notify_on:
-        events = {e.strip() for e in args.notify_on.split(",") if e.strip()}
-        if not events <= {"success", "failure"}:
-            raise ValidationError("--notify-on", "a comma-separated list of success, failure")
-        notify["on_success"], notify["on_failure"] = "success" in events, "failure" in events
-    return notify
-
-
-def _fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The schedule fields the flags give (absent flags are absent)."""
-    body: dict[str, Any] = {}
-    for dest, key in _FIELDS.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        if key in _CLEARABLE and value == "":
-            value = None
-        if key == "pause_after_failures" and value == 0:
-            value = None
-        body[key] = value
-    return body
 
 
 def _print_schedule(args: argparse.Namespace, data: dict[str, Any], prefix: str = "") -> None:
@@ -119,9 +62,9 @@ def _print_schedule(args: argparse.Namespace, data: dict[str, Any], prefix: str 
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
-    body = _fields(args)
-    body["params"] = _params(args.param)
-    notify = _notify(args, {})
+    body = schedule_flags.fields(args)
+    body["params"] = schedule_flags.params(args.param)
+    notify = schedule_flags.notify(args, {})
     if notify is not None:
         body["notify"] = notify
     if args.owner is not None:
@@ -139,7 +82,7 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
 def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
     """Read, change, write back conditioned on the version read (or ``--version``): a change
     made by someone else meanwhile is a conflict, never silently overwritten."""
-    patch = _fields(args)
+    patch = schedule_flags.fields(args)
     if not (patch or args.param or args.unset_param or args.email or args.webhook
             or args.notify_on or args.no_notify):  # fmt: skip
         raise ValidationError("edit", "nothing to change: give at least one field flag")
@@ -147,11 +90,11 @@ def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
         current = await api.get_schedule(args.id)
         if args.param or args.unset_param:
-            params = {**(current.get("params") or {}), **_params(args.param)}
+            params = {**(current.get("params") or {}), **schedule_flags.params(args.param)}
             for key in args.unset_param:
                 params.pop(key, None)
             patch["params"] = params
-        notify = _notify(args, current.get("notify") or {})
+        notify = schedule_flags.notify(args, current.get("notify") or {})
         if notify is not None:
             patch["notify"] = notify
         version = args.version if args.version is not None else current["version"]
@@ -302,59 +245,16 @@ def cmd_explain(args: argparse.Namespace, config: configuration.Config) -> int:
     return backend.run(args, config, action)
 
 
-def _add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
-    """The schedule's fields, shared by ``add`` and ``edit`` (on edit every one is optional,
-    and an empty --model/--jitter/--catchup-window clears it)."""
-    cmd.add_argument("--name", required=creating)
-    kind = cmd.add_mutually_exclusive_group(required=creating)
-    kind.add_argument("--cron", help="5-field, or 6-field with seconds first")
-    kind.add_argument("--rrule", help="RFC 5545 RRULE (with DTSTART)")
-    kind.add_argument("--at", help="one-shot local ISO date-time")
-    kind.add_argument("--every", help="interval such as 15m")
-    cmd.add_argument("--tz", default="UTC" if creating else None, help="IANA time zone")
-    cmd.add_argument("--prompt", required=creating)
-    cmd.add_argument("--provider", default="echo" if creating else None)
-    cmd.add_argument("--model")
-    cmd.add_argument("--misfire", choices=service.MISFIRE_POLICIES)
-    cmd.add_argument("--misfire-cap", type=int, metavar="N", help="most runs run_all makes")
-    cmd.add_argument("--misfire-grace", metavar="DUR", help="a slot this late is still on time")
-    cmd.add_argument("--catchup-window", metavar="DUR", help="older slots are never run")
-    cmd.add_argument("--overlap", help="skip, allow, buffer_one, buffer_all, cancel_other")
-    cmd.add_argument("--max-attempts", type=int)
-    cmd.add_argument("--timeout", metavar="DUR")
-    cmd.add_argument("--jitter", metavar="DUR")
-    cmd.add_argument("--dst-gap", choices=("shift", "skip"))
-    cmd.add_argument("--dst-fold", choices=("first", "both"))
-    cmd.add_argument(
-        "--pause-after-failures",
-        type=int,
-        metavar="N",
-        help="pause after N consecutive dead runs" + ("" if creating else " (0: never)"),
-    )
-    cmd.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a provider param (repeatable)" + ("" if creating else "; merged into the current"),
-    )
-    cmd.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
-    cmd.add_argument("--webhook", metavar="URL", help="notify by a signed webhook")
-    cmd.add_argument("--notify-on", metavar="EVENTS", help="success,failure (default: both)")
-    cmd.add_argument("--no-notify", action="store_true", help="no notifications")
-    cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")
-
-
 def _register_add_edit(schedules_sub: Any) -> None:
     add = schedules_sub.add_parser("add", help="create a schedule")
-    _add_field_flags(add, creating=True)
+    schedule_flags.add_field_flags(add, creating=True)
     add.add_argument("--owner", help=OWNER_HELP)
     add.set_defaults(func=cmd_add)
     edit = schedules_sub.add_parser(
         "edit", help="change a schedule's fields (fails if it changed since it was read)"
     )
     edit.add_argument("id", type=int)
-    _add_field_flags(edit, creating=False)
+    schedule_flags.add_field_flags(edit, creating=False)
     edit.add_argument("--unset-param", action="append", default=[], metavar="KEY")
     edit.add_argument(
         "--version",

@@ -11,7 +11,7 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import logs
-from promptsched.cli import backend, remote
+from promptsched.cli import backend, direct, remote
 from promptsched.cli.common import database, instant, run_async, with_conn
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
@@ -52,7 +52,7 @@ def cmd_preview(args: argparse.Namespace, config: configuration.Config) -> int:
              "from": args.start, "dst_gap": args.dst_gap, "dst_fold": args.dst_fold}  # fmt: skip
     where = backend.remote_target(args, config)
     if where is None:
-        data = backend.preview_locally(query, getattr(args, "clock", None) or Clock())
+        data = direct.preview_locally(query, getattr(args, "clock", None) or Clock())
     else:
         target = where
 
