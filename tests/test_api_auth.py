@@ -175,6 +175,18 @@ async def test_lists_show_only_the_owners_resources(api: Api, world: World) -> N
     assert (await api.get("/v1/runs", world.bob)).body["items"] == []
 
 
+async def test_an_admin_filters_schedules_by_owner_and_nobody_else_widens(
+    api: Api, world: World
+) -> None:
+    only_bob = (await api.get("/v1/schedules?owner=bob", world.root)).body["items"]
+    assert [s["owner"] for s in only_bob] == ["bob"]
+    only_alice = (await api.get("/v1/schedules?owner=alice", world.root)).body["items"]
+    assert only_alice and {s["owner"] for s in only_alice} == {"alice"}
+    assert (await api.get("/v1/schedules?owner=alice", world.bob)).body["items"] == []
+    own = (await api.get("/v1/schedules?owner=bob", world.bob)).body["items"]
+    assert [s["owner"] for s in own] == ["bob"]
+
+
 async def test_an_admin_change_names_the_admin_and_keeps_the_owner(api: Api, world: World) -> None:
     sid = world.ids["schedule"]
     await api.patch(f"/v1/schedules/{sid}", world.root, json={"name": "fixed by ops"})

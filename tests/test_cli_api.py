@@ -82,12 +82,12 @@ def test_schedules_tables_and_json(promptsched: Any) -> None:
                            "--prompt", "p")[0] == 0  # fmt: skip
     code, out, _ = promptsched("schedules", "list")
     lines = out.splitlines()
-    assert code == 0 and lines[0].split()[:4] == ["ID", "NAME", "KIND", "EXPRESSION"]
+    assert code == 0 and lines[0].split()[:5] == ["ID", "OWNER", "NAME", "KIND", "EXPRESSION"]
     assert "alpha" in lines[1] and "beta" in lines[2] and "enabled" in lines[1]
     code, out, _ = promptsched("schedules", "list", "--json", "--name", "BET")
     assert [s["name"] for s in json.loads(out)] == ["beta"]
     code, out, _ = promptsched("schedules", "show", "1")
-    assert code == 0 and "next_fire_times" in out and "alpha" in out
+    assert code == 0 and "next fire times" in out and "alpha" in out
     assert json.loads(promptsched("schedules", "show", "1", "--json")[1])["id"] == 1
     code, out, _ = promptsched("schedules", "pause", "1", "--reason", "holiday")
     assert code == 0 and "paused (holiday)" in out

@@ -161,9 +161,26 @@ async def test_another_owner_sees_nothing_of_it_and_cannot_change_it(
 async def test_an_admin_sees_every_owner(ui: Console, pool: asyncpg.Pool[Any]) -> None:
     sid = await _schedule(pool, "alice", name="alice only")
     await ui.login_as("root", admin=True)
+    await _schedule(pool, "bob", name="bob only")
     listing = await ui.get("/")
     assert "alice only" in listing.text and "root (admin)" in listing.text
+    assert "bob only" in listing.text and "<th>Owner</th>" in listing.text
+    assert 'name="owner"' in listing.text
     assert (await ui.get(f"/schedules/{sid}")).status == 200
+    alice = await ui.get("/?owner=alice")
+    assert "alice only" in alice.text and "bob only" not in alice.text
+    assert 'value="alice"' in alice.text
+
+
+async def test_the_owner_filter_does_not_widen_a_plain_token(
+    ui: Console, pool: asyncpg.Pool[Any]
+) -> None:
+    await _schedule(pool, "alice", name="alice only")
+    await _schedule(pool, "bob", name="bob only")
+    await ui.login_as("bob")
+    listing = await ui.get("/?owner=alice")
+    assert "alice only" not in listing.text and "bob only" in listing.text
+    assert 'name="owner"' not in listing.text and "<th>Owner</th>" not in listing.text
 
 
 async def test_the_form_creates_a_schedule_or_names_the_wrong_field(

@@ -1,5 +1,6 @@
 """The ``promptsched`` command line: run the service, migrate, and manage schedules, runs and
-API tokens."""
+API tokens. Schedule, run, notification and preview commands go through the HTTP API when a
+service URL and token are configured (remote mode), else through the database (direct mode)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,27 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import service
-from promptsched.cli import common, notifications, runs, schedules, server, tokens
+from promptsched.cli import (
+    backend,
+    common,
+    completion,
+    notifications,
+    runs,
+    schedules,
+    server,
+    tokens,
+)
+from promptsched.clock import Clock
 from promptsched.errors import PromptschedError, SchemaMismatch, ValidationError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="promptsched", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="promptsched",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    backend.add_remote_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     server.register(sub)
     schedules.register(sub)
@@ -24,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(sub)
     notifications.register(sub)
     tokens.register(sub)
+    completion.register(sub, parser)
+    for name in ("schedules", "runs", "notifications", "preview"):
+        for leaf in _leaves(sub.choices[name]):
+            backend.add_remote_flags(leaf)
     return parser
+
+
+def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    children = completion.subcommands(parser)
+    if not children:
+        return [parser]
+    return [leaf for child in children.values() for leaf in _leaves(child)]
 
 
 def _fail(message: str, code: int) -> int:
@@ -32,14 +59,18 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Exit codes: 0 ok, 1 other error, 2 bad input, 3 schema mismatch, 4 not found."""
+def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> int:
+    """Exit codes: 0 ok, 1 other error (and a watched run that did not succeed), 2 bad input,
+    3 schema mismatch, 4 not found. ``clock`` pins "now" for tests."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.clock = clock
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
     try:
         config = configuration.load(overrides=overrides)
         return int(args.func(args, config))
+    except service.VersionConflict as exc:  # worded as the API words it
+        return _fail(f"version: {exc}", common.EXIT_OTHER)
     except ValidationError as exc:
         return _fail(f"{exc.field}: {exc.message}", common.EXIT_BAD_INPUT)
     except SchemaMismatch as exc:

@@ -95,12 +95,3 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]
         print("  ".join(cells).rstrip())
     if not rows:
         print("(none)")
-
-
-def details(data: dict[str, Any], keys: Sequence[str] | None = None) -> None:
-    """Print one object as aligned ``key: value`` lines."""
-    shown = [k for k in (keys or list(data)) if k in data]
-    width = max((len(k) for k in shown), default=0)
-    for key in shown:
-        value = data[key]
-        print(f"{key.ljust(width)}  {'-' if value is None else value}")

@@ -6,11 +6,11 @@ import argparse
 import json
 from typing import Any
 
-import asyncpg
-
 from promptsched import config as configuration
-from promptsched import notifications
-from promptsched.cli.common import EXIT_NOT_FOUND, CliError, db_command, table
+from promptsched.cli import backend
+from promptsched.cli.backend import Backend
+from promptsched.cli.common import table
+from promptsched.errors import ValidationError
 
 _COLUMNS = (
     ("ID", "id", 8),
@@ -23,26 +23,27 @@ _COLUMNS = (
 
 
 def cmd_dead(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        data = await notifications.list_dead_notifications(conn, None, limit=args.limit)
+    if not 1 <= args.limit <= 1000:
+        raise ValidationError("--limit", "must be between 1 and 1000")
+
+    async def action(api: Backend) -> int:
+        data = await api.dead_notifications(args.limit)
         if args.json:
             print(json.dumps(data))
         else:
             table(data, _COLUMNS)
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_replay(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        data = await notifications.replay_notification(conn, args.id, None)
-        if data is None:
-            raise CliError(f"notification {args.id} not found", EXIT_NOT_FOUND)
+    async def action(api: Backend) -> int:
+        data = await api.replay_notification(args.id)
         print(json.dumps(data) if args.json else f"notification {args.id} is owed again")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def register(sub: Any) -> None:

@@ -1,4 +1,5 @@
-"""``promptsched runs ...``: list, show (with attempts), replay a dead run, cancel."""
+"""``promptsched runs ...``: list, show (with attempts), replay a dead run, cancel, and watch a
+run's live progress."""
 
 from __future__ import annotations
 
@@ -6,17 +7,15 @@ import argparse
 import json
 from typing import Any
 
-import asyncpg
-
 from promptsched import config as configuration
 from promptsched import service
-from promptsched.api import schemas, views
-from promptsched.cli.common import db_command, details, table
-from promptsched.clock import Clock
+from promptsched.api import schemas
+from promptsched.cli import backend, render
+from promptsched.cli.backend import Backend
+from promptsched.cli.common import CliError, table
+from promptsched.cli.schedules import now_of
 from promptsched.errors import ValidationError
-from promptsched.store import queries
 
-CLI_ACTOR = "cli"
 _COLUMNS = (
     ("ID", "id", 8),
     ("SCHEDULE", "schedule_id", 8),
@@ -30,7 +29,7 @@ _ATTEMPT_COLUMNS = (
     ("#", "number", 3),
     ("STATUS", "status", 9),
     ("WORKER", "worker_id", 24),
-    ("STARTED", "started_at", 32),
+    ("STARTED", "started", 36),
     ("ERROR", "error", 0),
 )
 
@@ -39,63 +38,64 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
     if not 1 <= args.limit <= 10_000:
         raise ValidationError("--limit", "must be between 1 and 10000")
 
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        rows = await queries.run_list(
-            conn,
-            schedule_id=args.schedule,
-            status=args.status,
-            owner=None,
-            before_id=None,
-            limit=args.limit,
-        )
-        data = [service.run_json(row) for row in rows]
+    async def action(api: Backend) -> int:
+        data = await api.list_runs(schedule_id=args.schedule, status=args.status, limit=args.limit)
         if args.json:
             print(json.dumps(data))
             return 0
         table([{**run, "detail": run["skip_reason"] or run["error"]} for run in data], _COLUMNS)
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
-def _show(data: dict[str, Any], as_json: bool) -> None:
-    if as_json:
+async def _zone(api: Backend, schedule_id: int) -> str:
+    try:
+        zone: str = (await api.get_schedule(schedule_id))["timezone"]
+    except (CliError, service.NotFound):  # its schedule was deleted: UTC
+        return "UTC"
+    return zone
+
+
+async def _show(args: argparse.Namespace, api: Backend, data: dict[str, Any]) -> None:
+    if args.json:
         print(json.dumps(data))
         return
-    fields = [k for k in data if k not in ("output", "attempt_history", "notifications")]
-    details(data, fields)
+    now = now_of(args)
+    zone = await _zone(api, data["schedule_id"])
+    print(render.run_details(data, zone, now))
     print("\nattempts:")
-    table(data["attempt_history"], _ATTEMPT_COLUMNS)
+    attempts = [{**a, "started": render.when(a.get("started_at"), zone, now)}
+                for a in data["attempt_history"]]  # fmt: skip
+    table(attempts, _ATTEMPT_COLUMNS)
     if data["output"] is not None:
         print("\noutput:")
         print(data["output"])
 
 
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        _show(await views.load_run(conn, args.id, None), args.json)
+    async def action(api: Backend) -> int:
+        await _show(args, api, await api.get_run(args.id))
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_replay(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        row = await service.replay_run(conn, Clock(), args.id, owner=None, actor=CLI_ACTOR)
-        data = await views.load_run(conn, row["id"], None)
+    async def action(api: Backend) -> int:
+        data = await api.replay_run(args.id)
         if args.json:
             print(json.dumps(data))
         else:
             print(f"replayed run {args.id} as run {data['id']} ({data['status']})")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        row = await service.cancel_run(conn, Clock(), args.id, owner=None, actor=CLI_ACTOR)
-        data = await views.load_run(conn, row["id"], None)
+    async def action(api: Backend) -> int:
+        data = await api.cancel_run(args.id)
         if args.json:
             print(json.dumps(data))
         elif data["status"] == "running":
@@ -104,7 +104,42 @@ def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
             print(f"run {args.id} is {data['status']}")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
+
+
+def _progress_line(event: dict[str, Any]) -> str:
+    """One step in words; the text already says the step (``step 1/4: ...``)."""
+    tokens = f" ({event['tokens']} tokens)" if event.get("kind") == "model" else ""
+    return f"[attempt {event.get('attempt')}] {event.get('text', '')}{tokens}"
+
+
+def cmd_watch(args: argparse.Namespace, config: configuration.Config) -> int:
+    """Live progress: remote mode reads the API's event stream; direct mode listens on the
+    database's progress channel itself. Exits 0 when the run succeeded, 1 otherwise."""
+
+    async def action(api: Backend) -> int:
+        status = "unknown"
+        async for kind, event in api.watch(args.id):
+            if args.json:
+                if kind != "subscribed":
+                    print(json.dumps({"event": kind, **event}), flush=True)
+            elif kind == "subscribed":
+                run = await api.get_run(args.id)
+                print(f"watching run {args.id} ({run['status']}); Ctrl-C stops watching",
+                      flush=True)  # fmt: skip
+            elif kind == "progress":
+                print(_progress_line(event), flush=True)
+            elif kind == "gap":
+                print("(some progress events may have been missed)", flush=True)
+            if kind == "done":
+                status = str(event.get("status"))
+        if not args.json:
+            run = await api.get_run(args.id)
+            detail = run.get("error") or run.get("skip_reason") or ""
+            print(f"run {args.id} {status}" + (f": {detail}" if detail else ""), flush=True)
+        return 0 if status == "succeeded" else 1
+
+    return backend.run(args, config, action)
 
 
 def register(sub: Any) -> None:
@@ -120,6 +155,7 @@ def register(sub: Any) -> None:
         ("show", cmd_show, "one run with its attempts and output"),
         ("replay", cmd_replay, "run a dead run's slot again (a new run, origin replay)"),
         ("cancel", cmd_cancel, "cancel a pending run, or ask a running one to stop"),
+        ("watch", cmd_watch, "follow a run's live progress until it ends"),
     ):
         cmd = runs_sub.add_parser(name, help=help_text)
         cmd.add_argument("id", type=int)

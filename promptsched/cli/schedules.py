@@ -1,272 +1,282 @@
-"""``promptsched schedules ...``: add, list, show, pause, resume, trigger, delete, backfill."""
+"""``promptsched schedules ...``: add, list, show, edit, pause, resume, trigger, delete, backfill,
+history and explain; each renders the API's JSON, whether it came over HTTP or from the
+database."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
-from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
-
-import anyio
-import asyncpg
-import structlog
 
 from promptsched import config as configuration
 from promptsched import service
-from promptsched.api import views
-from promptsched.cli.common import db_command, details, instant, table
-from promptsched.clock import Clock
+from promptsched.api import auth
+from promptsched.cli import backend, render, schedule_flags
+from promptsched.cli.backend import Backend
+from promptsched.cli.common import CliError, instant, table
 from promptsched.errors import ValidationError
-from promptsched.store import queries
-from promptsched.tools.base import Catalog
 
-CLI_ACTOR = "cli"
+OWNER_HELP = (
+    "direct mode only: the owner the new schedule belongs to (default: 'default'); "
+    "in remote mode a schedule belongs to the token's owner"
+)
 _COLUMNS = (
     ("ID", "id", 6),
+    ("OWNER", "owner", 12),
     ("NAME", "name", 24),
     ("KIND", "kind", 5),
     ("EXPRESSION", "expression", 22),
     ("TZ", "timezone", 16),
     ("STATE", "state", 8),
-    ("NEXT FIRE", "next_fire_at", 0),
+    ("NEXT FIRE", "next", 0),
 )
+_HISTORY_COLUMNS = (
+    ("ID", "id", 6),
+    ("AT", "when", 36),
+    ("ACTOR", "actor", 12),
+    ("ACTION", "action", 8),
+    ("CHANGES", "words", 0),
+)
+_RUN_COLUMNS = (("RUN", "id", 8), ("ORIGIN", "origin", 8), ("STATUS", "status", 9),
+                ("DETAIL", "detail", 0))  # fmt: skip
 
 
-def _params(pairs: Sequence[str]) -> dict[str, str]:
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValidationError("--param", f"expected KEY=VALUE, got {pair!r}")
-        params[key] = value
-    return params
+def now_of(args: argparse.Namespace) -> datetime:
+    """The renderer's now: the injected clock's instant, else this machine's. Only for
+    showing distances ("in 3 min"): no decision is taken on it, and in remote mode the
+    database's clock is not reachable."""
+    clock = getattr(args, "clock", None)
+    pinned = clock.sql_now() if clock is not None else None
+    return pinned or datetime.now(UTC)
 
 
-def _tool_catalog(config: configuration.Config, params: dict[str, str]) -> Catalog | None:
-    """This server's tools, asked for only when the schedule lists some (MCP servers are
-    started once to list theirs)."""
-    if "tools" not in params:
-        return None
-    from promptsched.tools import registry
-    from promptsched.tools.settings import parse_mcp_servers
-
-    tools = registry.ToolRegistry.from_settings(
-        allow=config.tools_allow,
-        mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
-    )
-    previous = structlog.get_config()
-    # A server that fails says so on stderr: stdout carries the command's (JSON) output.
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-    )
-    try:
-        return anyio.run(registry.discover, tools)
-    finally:
-        structlog.configure(**previous)
+def _print_schedule(args: argparse.Namespace, data: dict[str, Any], prefix: str = "") -> None:
+    if args.json:
+        print(json.dumps(data))
+        return
+    print(prefix + render.schedule_line(data, now_of(args)))
+    hook = (data.get("notify") or {}).get("webhook")
+    if isinstance(hook, dict) and hook.get("secret"):
+        print(f"  notify: {render.notify_words(data['notify'])}")
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
-    from promptsched.executors.settings import parse_providers
+    body = schedule_flags.fields(args)
+    body["params"] = schedule_flags.params(args.param)
+    notify = schedule_flags.notify(args, {})
+    if notify is not None:
+        body["notify"] = notify
+    if args.owner is not None:
+        if backend.remote_target(args, config) is not None:
+            raise CliError("--owner: in remote mode a schedule belongs to the token's owner")
+        auth.check_owner(args.owner, "--owner")
 
-    raw: dict[str, Any] = {
-        "name": args.name,
-        "prompt": args.prompt,
-        "timezone": args.tz,
-        "provider": args.provider,
-        "model": args.model,
-        "params": _params(args.param),
-        "misfire": args.misfire,
-        "overlap": args.overlap,
-        "max_attempts": args.max_attempts,
-        "timeout": args.timeout,
-        "jitter": args.jitter,
-        "pause_after_failures": args.pause_after_failures,
-        "cron": args.cron,
-        "rrule": args.rrule,
-        "at": args.at,
-        "every": args.every,
-    }
-    providers = parse_providers(config.env, config.providers_raw)
-    values = service.validate(
-        {k: v for k, v in raw.items() if v is not None},
-        providers=list(providers),
-        provider_kinds={name: provider.kind for name, provider in providers.items()},
-        webhook_allow=config.webhook_allow,
-        tools=_tool_catalog(config, raw["params"]),
-    )
-
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        async with conn.transaction():
-            row = await service.create_schedule(conn, Clock(), values, owner=args.owner)
-        data = service.schedule_json(row)
-        if args.json:
-            print(json.dumps(data))
-        else:
-            print(
-                f"created schedule {data['id']} {data['name']!r}: {data['kind']} "
-                f"{data['expression']} ({data['timezone']}), next fire {data['next_fire_at']}"
-            )
+    async def action(api: Backend) -> int:
+        _print_schedule(args, await api.create_schedule(body, args.owner), "created ")
         return 0
 
-    return db_command(config, main, migrate_first=True)
+    return backend.run(args, config, action, migrate_first=True)
 
 
-def _state(data: dict[str, Any]) -> str:
-    return "enabled" if data["enabled"] else "paused"
+def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
+    """Read, change, write back conditioned on the version read (or ``--version``): a change
+    made by someone else meanwhile is a conflict, never silently overwritten."""
+    patch = schedule_flags.fields(args)
+    if not (patch or args.param or args.unset_param or args.email or args.webhook
+            or args.notify_on or args.no_notify):  # fmt: skip
+        raise ValidationError("edit", "nothing to change: give at least one field flag")
 
-
-def _one_line(data: dict[str, Any]) -> str:
-    state = "enabled" if data["enabled"] else f"paused ({data.get('pause_reason') or 'by hand'})"
-    return (
-        f"{data['id']:>6}  {data['name']!r}  {data['kind']} {data['expression']!r} "
-        f"{data['timezone']}  {state}  next: {data['next_fire_at']}"
-    )
-
-
-def _schedule_command(
-    config: configuration.Config,
-    args: argparse.Namespace,
-    action: Callable[[asyncpg.Connection[Any]], Awaitable[asyncpg.Record]],
-    *,
-    full: bool = False,
-) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        data = views.schedule(await action(conn), with_next=True)
-        if args.json:
-            print(json.dumps(data))
-        elif full:
-            details({**data, "next_fire_times": ", ".join(data["next_fire_times"]) or None})
-        else:
-            print(_one_line(data))
+    async def action(api: Backend) -> int:
+        current = await api.get_schedule(args.id)
+        if args.param or args.unset_param:
+            params = {**(current.get("params") or {}), **schedule_flags.params(args.param)}
+            for key in args.unset_param:
+                params.pop(key, None)
+            patch["params"] = params
+        notify = schedule_flags.notify(args, current.get("notify") or {})
+        if notify is not None:
+            patch["notify"] = notify
+        version = args.version if args.version is not None else current["version"]
+        data = await api.update_schedule(args.id, patch, version)
+        _print_schedule(args, data, "updated ")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_pause(args: argparse.Namespace, config: configuration.Config) -> int:
-    until = instant(args.until, "--until") if args.until else None
-    return _schedule_command(
-        config,
-        args,
-        lambda conn: service.pause_schedule(
-            conn, args.id, owner=None, actor=CLI_ACTOR, until=until, reason=args.reason
-        ),
-    )
+    if args.until:
+        instant(args.until, "--until")
+
+    async def action(api: Backend) -> int:
+        _print_schedule(args, await api.pause_schedule(args.id, args.until, args.reason))
+        return 0
+
+    return backend.run(args, config, action)
 
 
 def cmd_resume(args: argparse.Namespace, config: configuration.Config) -> int:
-    return _schedule_command(
-        config,
-        args,
-        lambda conn: service.resume_schedule(conn, args.id, owner=None, actor=CLI_ACTOR),
-    )
+    """The next fire time is computed from the server's answer after the resume, and is
+    never in the past (slots missed meanwhile are the misfire policy's, and said so)."""
+
+    async def action(api: Backend) -> int:
+        _print_schedule(args, await api.resume_schedule(args.id))
+        return 0
+
+    return backend.run(args, config, action)
 
 
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def get(conn: asyncpg.Connection[Any]) -> asyncpg.Record:
-        row = await queries.schedule_get(conn, args.id, None)
-        if row is None:
-            raise service.NotFound("schedule", args.id)
-        return row
+    async def action(api: Backend) -> int:
+        data = await api.get_schedule(args.id)
+        print(json.dumps(data) if args.json else render.schedule_details(data, now_of(args)))
+        return 0
 
-    return _schedule_command(config, args, get, full=True)
+    return backend.run(args, config, action)
 
 
 def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
     if not 1 <= args.limit <= 10_000:
         raise ValidationError("--limit", "must be between 1 and 10000")
 
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        rows = await queries.schedule_search(
-            conn, owner=args.owner, enabled=None, name=args.name, after_id=0, limit=args.limit
-        )
-        data = [views.schedule(row) for row in rows]
+    async def action(api: Backend) -> int:
+        data = await api.list_schedules(owner=args.owner, name=args.name, limit=args.limit)
         if args.json:
             print(json.dumps(data))
-        else:
-            table([{**item, "state": _state(item)} for item in data], _COLUMNS)
+            return 0
+        now = now_of(args)
+        rows = []
+        for item in data:
+            found = render.next_fire(item, now)
+            nxt = render.when(found, item["timezone"], now) if found else "-"
+            rows.append({**item, "state": "enabled" if item["enabled"] else "paused",
+                         "next": nxt if item["enabled"] else "- (paused)"})  # fmt: skip
+        table(rows, _COLUMNS)
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_trigger(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        run = await service.trigger_schedule(conn, Clock(), args.id, owner=None, actor=CLI_ACTOR)
-        data = service.run_json(run)
-        print(json.dumps(data) if args.json else f"triggered run {data['id']}")
+    async def action(api: Backend) -> int:
+        data = await api.trigger_schedule(args.id)
+        print(json.dumps(data) if args.json else f"triggered run {data['id']} ({data['status']})")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_backfill(args: argparse.Namespace, config: configuration.Config) -> int:
-    start, end = instant(args.start, "--start"), instant(args.end, "--end")
+    instant(args.start, "--start")
+    instant(args.end, "--end")
 
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        runs = await service.backfill_schedule(
-            conn, Clock(), args.id, start, end, owner=None, actor=CLI_ACTOR
-        )
-        slots = [run["slot"].isoformat() for run in runs]
-        print(
-            json.dumps({"created": len(slots), "slots": slots})
-            if args.json
-            else f"created {len(slots)} backfill runs"
-        )
+    async def action(api: Backend) -> int:
+        data = await api.backfill_schedule(args.id, args.start, args.end)
+        data = {**data, "slots": [run["slot"] for run in data["runs"]]}
+        print(json.dumps(data) if args.json else f"created {data['created']} backfill runs")
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
 def cmd_delete(args: argparse.Namespace, config: configuration.Config) -> int:
-    async def main(conn: asyncpg.Connection[Any]) -> int:
-        await service.delete_schedule(conn, args.id, owner=None, actor=CLI_ACTOR)
-        print(json.dumps({"deleted": args.id}) if args.json else f"deleted schedule {args.id}")
+    async def action(api: Backend) -> int:
+        await api.delete_schedule(args.id)
+        print(
+            json.dumps({"deleted": args.id})
+            if args.json
+            else f"deleted schedule {args.id} and its runs; its change history stays "
+            f"(promptsched schedules history {args.id})"
+        )
         return 0
 
-    return db_command(config, main)
+    return backend.run(args, config, action)
 
 
-def _register_add(schedules_sub: Any) -> None:
+async def _zone(api: Backend, schedule_id: int) -> str:
+    """The schedule's zone, UTC once it is deleted (its history outlives it)."""
+    try:
+        zone: str = (await api.get_schedule(schedule_id))["timezone"]
+    except (CliError, service.NotFound):
+        return "UTC"
+    return zone
+
+
+def cmd_history(args: argparse.Namespace, config: configuration.Config) -> int:
+    if not 1 <= args.limit <= 10_000:
+        raise ValidationError("--limit", "must be between 1 and 10000")
+
+    async def action(api: Backend) -> int:
+        data = await api.schedule_history(args.id, args.limit)
+        if args.json:
+            print(json.dumps(data))
+            return 0
+        zone, now = await _zone(api, args.id), now_of(args)
+        table(
+            [{**c, "when": render.when(c["at"], zone, now), "words": render.change_words(c)}
+             for c in data],
+            _HISTORY_COLUMNS,
+        )  # fmt: skip
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def cmd_explain(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def action(api: Backend) -> int:
+        data = await api.explain(args.id, args.at)
+        if args.json:
+            print(json.dumps(data))
+            return 0
+        now, expression = now_of(args), data["expression"]
+        zone = expression["timezone"]
+        print(f"{render.when(data['at'], zone, now)}: {data['verdict'].replace('_', ' ')}")
+        print(f"  {data['message']}")
+        print(f"  expression then: {expression['kind']} {expression['expression']} ({zone})")
+        print(f"  previous fire time: {render.when(data['previous_fire_time'], zone, now)}")
+        print(f"  next fire time:     {render.when(data['next_fire_time'], zone, now)}")
+        if data["runs"]:
+            print()
+            runs = [{**r, "detail": r.get("skip_reason") or r.get("error")} for r in data["runs"]]
+            table(runs, _RUN_COLUMNS)
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def _register_add_edit(schedules_sub: Any) -> None:
     add = schedules_sub.add_parser("add", help="create a schedule")
-    add.add_argument("--name", required=True)
-    kind = add.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--cron", help="5-field, or 6-field with seconds first")
-    kind.add_argument("--rrule", help="RFC 5545 RRULE (with DTSTART)")
-    kind.add_argument("--at", help="one-shot local ISO date-time")
-    kind.add_argument("--every", help="interval such as 15m")
-    add.add_argument("--tz", default="UTC")
-    add.add_argument("--prompt", required=True)
-    add.add_argument("--provider", default="echo")
-    add.add_argument("--model")
-    add.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
-    add.add_argument("--misfire", choices=service.MISFIRE_POLICIES)
-    add.add_argument("--overlap")
-    add.add_argument("--max-attempts", type=int)
-    add.add_argument("--timeout")
-    add.add_argument("--jitter")
-    add.add_argument(
-        "--pause-after-failures", type=int, metavar="N", help="pause after N consecutive dead runs"
-    )
-    add.add_argument("--owner", default="default")
-    add.add_argument("--json", action="store_true")
+    schedule_flags.add_field_flags(add, creating=True)
+    add.add_argument("--owner", help=OWNER_HELP)
     add.set_defaults(func=cmd_add)
+    edit = schedules_sub.add_parser(
+        "edit", help="change a schedule's fields (fails if it changed since it was read)"
+    )
+    edit.add_argument("id", type=int)
+    schedule_flags.add_field_flags(edit, creating=False)
+    edit.add_argument("--unset-param", action="append", default=[], metavar="KEY")
+    edit.add_argument(
+        "--version",
+        type=int,
+        help="change only if the schedule is still at this version (default: the one read)",
+    )
+    edit.set_defaults(func=cmd_edit)
 
 
 def register(sub: Any) -> None:
     schedules = sub.add_parser("schedules", help="manage schedules")
     schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
-    _register_add(schedules_sub)
+    _register_add_edit(schedules_sub)
     for name, func, help_text in (
+        ("show", cmd_show, "show one schedule"),
         ("pause", cmd_pause, "pause a schedule (optionally until an instant)"),
         ("resume", cmd_resume, "resume a paused schedule"),
-        ("show", cmd_show, "show one schedule"),
         ("trigger", cmd_trigger, "run a schedule now, outside its cadence"),
-        ("delete", cmd_delete, "delete a schedule and its history"),
+        ("delete", cmd_delete, "delete a schedule and its runs (its change history stays)"),
         ("backfill", cmd_backfill, "create runs for past slots in a range"),
+        ("history", cmd_history, "who changed what, when (newest first)"),
+        ("explain", cmd_explain, "why the schedule did (or will) fire or not at an instant"),
     ):
         cmd = schedules_sub.add_parser(name, help=help_text)
         cmd.add_argument("id", type=int)
@@ -278,8 +288,20 @@ def register(sub: Any) -> None:
         if name == "backfill":
             cmd.add_argument("--start", required=True, help="ISO-8601 with offset")
             cmd.add_argument("--end", required=True, help="ISO-8601 with offset")
+        if name == "history":
+            cmd.add_argument("--limit", type=int, default=100)
+        if name == "explain":
+            cmd.add_argument(
+                "--at",
+                "--slot",
+                dest="at",
+                required=True,
+                help="ISO-8601 date-time; without an offset, in the schedule's zone",
+            )
     listing = schedules_sub.add_parser("list", help="list schedules")
-    listing.add_argument("--owner")
+    listing.add_argument(
+        "--owner", help="only this owner's (direct mode and admin tokens see every owner's)"
+    )
     listing.add_argument("--name", help="a case-insensitive substring of the name")
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--json", action="store_true")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
+import anyio
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import logs, service
+from promptsched import logs
+from promptsched.cli import backend, direct, remote
 from promptsched.cli.common import database, instant, run_async, with_conn
+from promptsched.clock import Clock
 from promptsched.errors import ValidationError
-from promptsched.schedule import spec
 from promptsched.store import migrate
 
 
@@ -42,33 +42,32 @@ def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
 
 
 def cmd_preview(args: argparse.Namespace, config: configuration.Config) -> int:
-    """Needs no database: the preview is pure schedule math, the scheduler's own code path."""
-    parsed = spec.parse_line(args.expression, args.tz, dst_gap=args.dst_gap, dst_fold=args.dst_fold)
-    start = instant(args.start, "--from") if args.start else datetime.now(UTC)
+    """Direct mode needs no database: the preview is pure schedule math, the scheduler's own
+    code path. Remote mode asks the service (its version of that code)."""
     if not 1 <= args.count <= 1000:
         raise ValidationError("--count", "must be between 1 and 1000")
-    zone = ZoneInfo(parsed.timezone)
-    times = service.preview(parsed, start, args.count)
-    rows = [
-        {"local": t.astimezone(zone).isoformat(), "utc": t.astimezone(UTC).isoformat()}
-        for t in times
-    ]
+    if args.start:
+        instant(args.start, "--from")
+    query = {"expression": args.expression, "timezone": args.tz, "count": args.count,
+             "from": args.start, "dst_gap": args.dst_gap, "dst_fold": args.dst_fold}  # fmt: skip
+    where = backend.remote_target(args, config)
+    if where is None:
+        data = direct.preview_locally(query, getattr(args, "clock", None) or Clock())
+    else:
+        target = where
+
+        async def ask() -> dict[str, Any]:
+            async with remote.RemoteBackend(target) as api:
+                return await api.preview(query)
+
+        data = anyio.run(ask)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "kind": parsed.kind,
-                    "expression": parsed.expression,
-                    "timezone": parsed.timezone,
-                    "fire_times": rows,
-                }
-            )
-        )
+        print(json.dumps(data))
         return 0
-    print(f"{parsed.kind} {parsed.expression!r} in {parsed.timezone}:")
-    for row in rows:
+    print(f"{data['kind']} {data['expression']!r} in {data['timezone']}:")
+    for row in data["fire_times"]:
         print(f"  {row['local']}   ({row['utc']})")
-    if not rows:
+    if not data["fire_times"]:
         print("  (no more fire times)")
     return 0
 

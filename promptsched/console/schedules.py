@@ -22,12 +22,14 @@ NEXT_ON_PAGE = 10
 
 _LIST = Template("""<div class="toolbar">
 <form method="get" action="/" class="search"><input name="q" type="search" value="$q" \
-placeholder="name contains…" aria-label="search by name">
+placeholder="name contains…" aria-label="search by name">$owner_field
 <button type="submit" class="button">Search</button></form>
 <a class="button primary" href="/schedules/new">New schedule</a></div>
 $table
 $more""")
 _EMPTY = Template('<p class="empty">$text</p>')
+_OWNER_FIELD = Template(""" <input name="owner" type="search" value="$owner" \
+placeholder="owner" aria-label="only this owner's schedules">""")
 _NAME = Template('<a href="/schedules/$id" class="name">$name</a>')
 _WHEN = Template('$words<br><code class="muted">$expression</code>')
 _DETAIL = Template("""<p class="subtitle">$state
@@ -76,9 +78,11 @@ def _last_run(latest: asyncpg.Record | None, row: asyncpg.Record, ctx: Ctx) -> M
 async def list_page(ctx: Ctx) -> web.StreamResponse:
     name = ctx.query("q")
     after = ctx.int_query("after") or 0
+    # An admin sees every owner's schedules, or one owner's; any other token only its own.
+    owner = (ctx.query("owner") or "")[:100] if ctx.who.admin else ""
     rows = await queries.schedule_search(
-        ctx.deps.pool, owner=ctx.scope, enabled=None, name=name[:200] if name else None,
-        after_id=after, limit=PAGE_SIZE + 1,
+        ctx.deps.pool, owner=ctx.scope or owner or None, enabled=None,
+        name=name[:200] if name else None, after_id=after, limit=PAGE_SIZE + 1,
     )  # fmt: skip
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
@@ -107,11 +111,17 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     if table_rows:
         table = layout.table(head, table_rows, cls="grid schedules")
     else:
-        text = "No schedule matches." if name else "No schedules yet: create the first one."
+        text = (
+            "No schedule matches." if name or owner else "No schedules yet: create the first one."
+        )
         table = _EMPTY(text=text)
-    query = {"q": name or "", "after": str(rows[-1]["id"])} if more and rows else None
+    query = (
+        {"q": name or "", "owner": owner, "after": str(rows[-1]["id"])} if more and rows else None
+    )
     more_link = layout.link("/?" + urlencode(query), "Next page →") if query else ""
-    return layout.page(ctx, "Schedules", _LIST(q=name or "", table=table, more=more_link))
+    owner_field = _OWNER_FIELD(owner=owner) if ctx.who.admin else Markup("")
+    body = _LIST(q=name or "", owner_field=owner_field, table=table, more=more_link)
+    return layout.page(ctx, "Schedules", body)
 
 
 def _run_filters(sid: int, status: str | None) -> Markup:

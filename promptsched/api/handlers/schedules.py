@@ -46,10 +46,15 @@ async def create(call: Call) -> web.StreamResponse:
 
 
 async def list_(call: Call) -> web.StreamResponse:
+    """An admin token sees every owner's schedules, or one owner's with ``owner``; any other
+    token sees only its owner's (another owner's name finds nothing)."""
     limit: int = call.params["limit"]
+    owner: str | None = call.params["owner"]
+    if call.scope is not None and owner not in (None, call.scope):
+        return json_reply(views.page([], limit))
     rows = await queries.schedule_search(
         call.deps.pool,
-        owner=call.scope,
+        owner=call.scope or owner,
         enabled=call.params["enabled"],
         name=call.params["name"],
         after_id=int(call.params["cursor"] or 0),
@@ -134,6 +139,9 @@ OPERATIONS = (
             Param("enabled", "query", {"type": "boolean"}, description="only (not) paused"),
             Param("name", "query", {"type": "string", "maxLength": service.MAX_NAME},
                   description="a case-insensitive substring of the name"),
+            Param("owner", "query", {"type": "string", "maxLength": 100},
+                  description="only this owner's (an admin token sees every owner's; any "
+                  "other token only its own)"),
             CURSOR, LIMIT,
         ),
     ),

@@ -1,0 +1,305 @@
+"""Direct mode: the CLI's operations over one database connection, as the database's operator
+(every owner's schedules), returning the very JSON the HTTP API returns for them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+
+from promptsched import config as configuration
+from promptsched import notifications, service
+from promptsched.api import explain as explaining
+from promptsched.api import validate, views
+from promptsched.cli import common
+from promptsched.clock import Clock
+from promptsched.errors import ValidationError
+from promptsched.schedule import spec
+from promptsched.store import listen, migrate, queries
+from promptsched.store import pool as pools
+from promptsched.tools.base import Catalog
+
+CLI_ACTOR = "cli"
+WATCH_POLL = 1.0  # seconds between status checks while watching a run directly
+ENDED = frozenset({"succeeded", "dead", "cancelled", "skipped", "deleted"})
+
+
+async def _tool_catalog(config: configuration.Config, params: Any) -> Catalog | None:
+    """This server's tools, asked for only when the schedule lists some (MCP servers are
+    started once to list theirs)."""
+    if not isinstance(params, dict) or "tools" not in params:
+        return None
+    from promptsched.tools import registry
+    from promptsched.tools.settings import parse_mcp_servers
+
+    tools = registry.ToolRegistry.from_settings(
+        allow=config.tools_allow,
+        mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
+    )
+    previous = structlog.get_config()
+    # A server that fails says so on stderr: stdout carries the command's (JSON) output.
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+    try:
+        return await registry.discover(tools)
+    finally:
+        structlog.configure(**previous)
+
+
+class DirectBackend:
+    """Over one database connection, with no owner scope (the database's operator sees
+    every owner); new schedules belong to ``--owner`` (default ``default``)."""
+
+    def __init__(
+        self, conn: asyncpg.Connection[Any], dsn: str, config: configuration.Config, clock: Clock
+    ) -> None:
+        self.conn, self.dsn, self.config, self.clock = conn, dsn, config, clock
+
+    def _providers(self) -> dict[str, str]:
+        from promptsched.executors.settings import parse_providers
+
+        providers = parse_providers(self.config.env, self.config.providers_raw)
+        return {name: provider.kind for name, provider in providers.items()}
+
+    async def _schedule_row(self, schedule_id: int) -> asyncpg.Record:
+        row = await queries.schedule_get(self.conn, schedule_id, None)
+        if row is None:
+            raise service.NotFound("schedule", schedule_id)
+        return row
+
+    async def create_schedule(self, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
+        kinds = self._providers()
+        values = service.validate(
+            body,
+            providers=list(kinds),
+            provider_kinds=kinds,
+            webhook_allow=self.config.webhook_allow,
+            tools=await _tool_catalog(self.config, body.get("params")),
+        )
+        async with self.conn.transaction():
+            row = await service.create_schedule(
+                self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR
+            )
+        return views.schedule(row, with_next=True, reveal_secret=True)
+
+    async def list_schedules(
+        self, *, owner: str | None, name: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        rows = await queries.schedule_search(
+            self.conn, owner=owner, enabled=None, name=name, after_id=0, limit=limit
+        )
+        return [views.schedule(row) for row in rows]
+
+    async def get_schedule(self, schedule_id: int) -> dict[str, Any]:
+        return views.schedule(await self._schedule_row(schedule_id), with_next=True)
+
+    async def update_schedule(
+        self, schedule_id: int, patch: dict[str, Any], version: int | None
+    ) -> dict[str, Any]:
+        kinds = self._providers()
+        before = await self._schedule_row(schedule_id)
+        row = await service.update_schedule(
+            self.conn,
+            self.clock,
+            schedule_id,
+            patch,
+            owner=None,
+            actor=CLI_ACTOR,
+            providers=list(kinds),
+            provider_kinds=kinds,
+            webhook_allow=self.config.webhook_allow,
+            expected_version=version,
+            tools=await _tool_catalog(self.config, patch.get("params")),
+        )
+        rotated = views.webhook_secret(before) != views.webhook_secret(row)
+        return views.schedule(row, with_next=True, reveal_secret=rotated)
+
+    async def pause_schedule(
+        self, schedule_id: int, until: str | None, reason: str | None
+    ) -> dict[str, Any]:
+        when = validate.instant(until, "until") if until is not None else None
+        if when is not None and when <= await service.db_now(self.conn, self.clock):
+            raise ValidationError("until", "must be in the future")
+        row = await service.pause_schedule(
+            self.conn, schedule_id, owner=None, actor=CLI_ACTOR, until=when, reason=reason
+        )
+        return views.schedule(row, with_next=True)
+
+    async def resume_schedule(self, schedule_id: int) -> dict[str, Any]:
+        row = await service.resume_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
+        return views.schedule(row, with_next=True)
+
+    async def trigger_schedule(self, schedule_id: int) -> dict[str, Any]:
+        run = await service.trigger_schedule(
+            self.conn, self.clock, schedule_id, owner=None, actor=CLI_ACTOR
+        )
+        return await views.load_run(self.conn, run["id"], None)
+
+    async def backfill_schedule(self, schedule_id: int, start: str, end: str) -> dict[str, Any]:
+        runs = await service.backfill_schedule(
+            self.conn,
+            self.clock,
+            schedule_id,
+            validate.instant(start, "start"),
+            validate.instant(end, "end"),
+            owner=None,
+            actor=CLI_ACTOR,
+        )
+        created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
+        return {"created": len(created), "runs": created}
+
+    async def delete_schedule(self, schedule_id: int) -> None:
+        await service.delete_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
+
+    async def schedule_history(self, schedule_id: int, limit: int) -> list[dict[str, Any]]:
+        rows = await queries.schedule_change_page(self.conn, schedule_id, None, None, limit)
+        if not rows:
+            await self._schedule_row(schedule_id)
+        return [views.change(row) for row in rows]
+
+    async def explain(self, schedule_id: int, at: str) -> dict[str, Any]:
+        row = await self._schedule_row(schedule_id)
+        instant = validate.instant(at, "at", zone=spec.load_zone(row["timezone"]))
+        now = await service.db_now(self.conn, self.clock)
+        changes = await queries.schedule_change_around(self.conn, schedule_id, instant)
+        runs = await queries.run_list_for_slot(self.conn, schedule_id, instant)
+        return explaining.explain(explaining.Facts(row, instant, now, changes, runs))
+
+    async def list_runs(
+        self, *, schedule_id: int | None, status: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        if schedule_id is not None:
+            await self._schedule_row(schedule_id)
+        rows = await queries.run_list(
+            self.conn,
+            schedule_id=schedule_id,
+            status=status,
+            owner=None,
+            before_id=None,
+            limit=limit,
+        )
+        return [views.run(row) for row in rows]
+
+    async def get_run(self, run_id: int) -> dict[str, Any]:
+        return await views.load_run(self.conn, run_id, None)
+
+    async def cancel_run(self, run_id: int) -> dict[str, Any]:
+        row = await service.cancel_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
+        return await views.load_run(self.conn, row["id"], None)
+
+    async def replay_run(self, run_id: int) -> dict[str, Any]:
+        row = await service.replay_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
+        return await views.load_run(self.conn, row["id"], None)
+
+    async def watch(self, run_id: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The run's progress from the same NOTIFY channel the API's stream reads (on a
+        second connection), and its status from the runs table until it is final."""
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](1000)
+
+        def on_notify(conn: Any, pid: int, channel: str, payload: object) -> None:
+            try:
+                event = json.loads(str(payload))
+            except ValueError:
+                return
+            if isinstance(event, dict) and event.get("run_id") == run_id:
+                with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+                    send.send_nowait(event)  # progress is ephemeral: a flood drops events
+
+        with send, receive:
+            listener = await pools.connect(self.dsn, application_name="promptsched-cli-watch")
+            try:
+                await listener.add_listener(listen.CHANNEL_PROGRESS, on_notify)
+                status = await queries.run_get_status(self.conn, run_id, None)
+                if status is None:
+                    raise service.NotFound("run", run_id)
+                yield "subscribed", {}
+                while status not in ENDED:
+                    event: dict[str, Any] | None = None
+                    with anyio.move_on_after(WATCH_POLL):
+                        event = await receive.receive()
+                    if event is not None:
+                        yield "progress", event
+                        continue
+                    status = await queries.run_get_status(self.conn, run_id, None) or "deleted"
+                while True:  # events that arrived with the final status
+                    try:
+                        yield "progress", receive.receive_nowait()
+                    except anyio.WouldBlock:
+                        break
+                yield "done", {"run_id": run_id, "status": status}
+            finally:
+                await listener.close()
+
+    async def dead_notifications(self, limit: int) -> list[dict[str, Any]]:
+        return await notifications.list_dead_notifications(self.conn, None, limit=limit)
+
+    async def replay_notification(self, notification_id: int) -> dict[str, Any]:
+        try:
+            data = await notifications.replay_notification(
+                self.conn, notification_id, None, clock=self.clock
+            )
+        except ValidationError as exc:  # it exists but is not dead: a conflict, as in the API
+            raise service.StateConflict(exc.message) from None
+        if data is None:
+            raise service.NotFound("notification", notification_id)
+        return data
+
+    async def preview(self, query: dict[str, Any]) -> dict[str, Any]:
+        return preview_locally(query, self.clock)
+
+
+def preview_locally(query: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    """The preview the API answers, computed here: pure schedule math, no database."""
+    options = {"dst_gap": query["dst_gap"], "dst_fold": query["dst_fold"]}
+    parsed = spec.parse_line(query["expression"], query["timezone"], **options)
+    start = (
+        common.instant(query["from"], "--from")
+        if query.get("from")
+        else clock.sql_now() or datetime.now(UTC)
+    )
+    zone = spec.load_zone(parsed.timezone)
+    times = service.preview(parsed, start, query["count"])
+    return {
+        "kind": parsed.kind,
+        "expression": parsed.expression,
+        "timezone": parsed.timezone,
+        "fire_times": [
+            {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
+            for t in times
+        ],
+    }
+
+
+class Direct(AbstractAsyncContextManager[DirectBackend]):
+    """A DirectBackend on a fresh connection to a database whose schema is current."""
+
+    def __init__(
+        self, dsn: str, config: configuration.Config, clock: Clock, migrate_first: bool
+    ) -> None:
+        self.dsn, self.config, self.clock, self.migrate_first = dsn, config, clock, migrate_first
+        self.conn: asyncpg.Connection[Any] | None = None
+
+    async def __aenter__(self) -> DirectBackend:
+        self.conn = await pools.connect(self.dsn, application_name="promptsched-cli")
+        if self.migrate_first:
+            await migrate.apply(self.conn)
+        await migrate.check(self.conn)
+        return DirectBackend(self.conn, self.dsn, self.config, self.clock)
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.conn is not None:
+            await self.conn.close()

@@ -1,0 +1,111 @@
+"""The schedule fields that ``schedules add`` and ``schedules edit`` share: their flags, and
+the API request body (``ScheduleCreate``/``SchedulePatch``) the flags make."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from promptsched import service
+from promptsched.errors import ValidationError
+
+# flag dest -> API field, for the flags `add` and `edit` share
+FIELDS = {
+    "name": "name", "prompt": "prompt", "tz": "timezone", "provider": "provider",
+    "model": "model", "misfire": "misfire", "misfire_cap": "misfire_cap",
+    "misfire_grace": "misfire_grace", "catchup_window": "catchup_window",
+    "overlap": "overlap", "max_attempts": "max_attempts", "timeout": "timeout",
+    "jitter": "jitter", "dst_gap": "dst_gap", "dst_fold": "dst_fold",
+    "pause_after_failures": "pause_after_failures",
+    "cron": "cron", "rrule": "rrule", "at": "at", "every": "every",
+}  # fmt: skip
+CLEARABLE = ("model", "catchup_window", "jitter")  # an empty value clears these
+
+
+def params(pairs: list[str]) -> dict[str, str]:
+    found = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValidationError("--param", f"expected KEY=VALUE, got {pair!r}")
+        found[key] = value
+    return found
+
+
+def notify(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``notify`` value the flags ask for, starting from ``current``; None: unchanged."""
+    if args.no_notify:
+        if args.email or args.webhook or args.notify_on:
+            raise ValidationError("--no-notify", "cannot be combined with other notify flags")
+        return {}
+    if not (args.email or args.webhook or args.notify_on):
+        return None
+    result = dict(current)
+    if args.email:
+        result["email"] = list(args.email)
+    if args.webhook:
+        result["webhook"] = {"url": args.webhook}
+    if args.notify_on:
+        events = {e.strip() for e in args.notify_on.split(",") if e.strip()}
+        if not events <= {"success", "failure"}:
+            raise ValidationError("--notify-on", "a comma-separated list of success, failure")
+        result["on_success"], result["on_failure"] = "success" in events, "failure" in events
+    return result
+
+
+def fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The schedule fields the flags give (absent flags are absent)."""
+    body: dict[str, Any] = {}
+    for dest, key in FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if key in CLEARABLE and value == "":
+            value = None
+        if key == "pause_after_failures" and value == 0:
+            value = None
+        body[key] = value
+    return body
+
+
+def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
+    """The schedule's fields, shared by ``add`` and ``edit`` (on edit every one is optional,
+    and an empty --model/--jitter/--catchup-window clears it)."""
+    cmd.add_argument("--name", required=creating)
+    kind = cmd.add_mutually_exclusive_group(required=creating)
+    kind.add_argument("--cron", help="5-field, or 6-field with seconds first")
+    kind.add_argument("--rrule", help="RFC 5545 RRULE (with DTSTART)")
+    kind.add_argument("--at", help="one-shot local ISO date-time")
+    kind.add_argument("--every", help="interval such as 15m")
+    cmd.add_argument("--tz", default="UTC" if creating else None, help="IANA time zone")
+    cmd.add_argument("--prompt", required=creating)
+    cmd.add_argument("--provider", default="echo" if creating else None)
+    cmd.add_argument("--model")
+    cmd.add_argument("--misfire", choices=service.MISFIRE_POLICIES)
+    cmd.add_argument("--misfire-cap", type=int, metavar="N", help="most runs run_all makes")
+    cmd.add_argument("--misfire-grace", metavar="DUR", help="a slot this late is still on time")
+    cmd.add_argument("--catchup-window", metavar="DUR", help="older slots are never run")
+    cmd.add_argument("--overlap", help="skip, allow, buffer_one, buffer_all, cancel_other")
+    cmd.add_argument("--max-attempts", type=int)
+    cmd.add_argument("--timeout", metavar="DUR")
+    cmd.add_argument("--jitter", metavar="DUR")
+    cmd.add_argument("--dst-gap", choices=("shift", "skip"))
+    cmd.add_argument("--dst-fold", choices=("first", "both"))
+    cmd.add_argument(
+        "--pause-after-failures",
+        type=int,
+        metavar="N",
+        help="pause after N consecutive dead runs" + ("" if creating else " (0: never)"),
+    )
+    cmd.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a provider param (repeatable)" + ("" if creating else "; merged into the current"),
+    )
+    cmd.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
+    cmd.add_argument("--webhook", metavar="URL", help="notify by a signed webhook")
+    cmd.add_argument("--notify-on", metavar="EVENTS", help="success,failure (default: both)")
+    cmd.add_argument("--no-notify", action="store_true", help="no notifications")
+    cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")
