@@ -99,3 +99,24 @@ async def test_dead_notifications_are_listed_and_replayed(
     assert again.returncode == 1 and "only dead notifications" in again.stderr  # a conflict
     missing = _cli("notifications", "replay", "999999", dsn=dsn)
     assert missing.returncode == 4, missing.stderr
+
+
+async def test_every_database_command_takes_database_url(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Any
+) -> None:
+    """--database-url works before or after the subcommand, on migrate and the read commands,
+    and no embedded data directory is touched (PROMPTSCHED_DATA_DIR points at an empty one)."""
+    sid = await factories.schedule(pool)
+    await factories.pending_run(pool, sid)
+    empty = tmp_path / "no-db-here"
+    for args in (
+        ("migrate", "--database-url", dsn, "--data-dir", str(empty)),
+        ("--database-url", dsn, "--data-dir", str(empty), "runs", "list", "--json"),
+        ("schedules", "list", "--json", "--database-url", dsn, "--data-dir", str(empty)),
+        ("notifications", "dead", "--json", "--database-url", dsn, "--data-dir", str(empty)),
+    ):
+        done = _cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
+    runs = json.loads(_cli("runs", "list", "--json", "--database-url", dsn).stdout)
+    assert [r["schedule_id"] for r in runs] == [sid]
+    assert not empty.exists()

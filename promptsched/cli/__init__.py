@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     backend.add_remote_flags(parser)
+    common.add_database_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     server.register(sub)
     schedules.register(sub)
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("schedules", "runs", "notifications", "preview"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
+    for name, command in sub.choices.items():
+        if name not in ("run", "completion"):
+            for leaf in _leaves(command):
+                common.add_database_flags(leaf)
     return parser
 
 

@@ -3,6 +3,7 @@ CLI errors with exit codes, instants from flags, and human tables."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,23 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)
         self.code = code
+
+
+def add_database_flags(parser: argparse.ArgumentParser) -> None:
+    """``--database-url`` and ``--data-dir`` for commands other than ``run`` (which takes every
+    setting as a flag), accepted before or after the subcommand."""
+    for setting, meaning in (
+        ("database_url", "the Postgres URL (default: the embedded database)"),
+        ("data_dir", "the embedded database's data directory"),
+    ):
+        name = configuration.env_name(setting)
+        parser.add_argument(
+            f"--{setting.replace('_', '-')}",
+            dest=f"cfg_{setting}",
+            metavar=name,
+            default=argparse.SUPPRESS,
+            help=f"{meaning}; overrides {name}",
+        )
 
 
 @contextmanager
