@@ -104,6 +104,18 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
     return None
 
 
+async def _refuse_declared_size(request: web.Request, request_id: str) -> web.StreamResponse:
+    """413 at once by the declared Content-Length, instead of waiting for a body that may
+    never come; then the connection closes rather than lingering to read what is left."""
+    refused = _error(413, "too_large", _TOO_LARGE, request_id)
+    refused.headers["X-Request-Id"] = request_id
+    refused.force_close()
+    await refused.prepare(request)
+    await refused.write_eof()
+    request.protocol.force_close()  # the answer is flushed before the socket closes
+    return refused
+
+
 @web.middleware
 async def errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -114,12 +126,7 @@ async def errors(
     request[REQUEST_ID] = request_id
     declared = request.content_length
     if declared is not None and declared > MAX_BODY:
-        # Answer at once by the declared length, instead of waiting for a body that may never
-        # come; the connection closes after the answer.
-        refused = _error(413, "too_large", _TOO_LARGE, request_id)
-        refused.force_close()
-        refused.headers["X-Request-Id"] = request_id
-        return refused
+        return await _refuse_declared_size(request, request_id)
     try:
         response = await handler(request)
     except Exception as exc:
