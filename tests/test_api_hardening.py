@@ -24,6 +24,7 @@ from promptsched.api import auth
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 from promptsched.roles.loop_probe import LoopProbe
+from promptsched.store import pool as pools
 from tests import api_support, factories
 from tests.api_support import SCHEDULE, Api
 
@@ -318,6 +319,17 @@ async def test_healthz_does_no_database_work(pool: asyncpg.Pool[Any]) -> None:
         async with client.get("/healthz") as response:
             assert response.status == 200
             assert await response.json() == {"status": "ok"}
+
+
+async def test_readyz_tells_an_anonymous_caller_no_driver_details(dsn: str) -> None:
+    closed = await pools.create_pool(dsn, min_size=1, max_size=1)
+    await closed.close()
+    app = api_app.build(closed, Metrics(), lambda: True)
+    async with TestClient(TestServer(app)) as client:
+        async with client.get("/readyz") as response:
+            assert response.status == 503
+            body = await response.json()
+    assert body == {"status": "unavailable", "error": "the database is unreachable"}
 
 
 async def test_the_loop_probe_measures_how_long_the_loop_was_held() -> None:

@@ -150,7 +150,7 @@ def check(value: Any, schema: Mapping[str, Any], field: str = "") -> Any:
     value = _check_type(value, kinds, field)
     if "enum" in schema and value not in schema["enum"]:
         choices = ", ".join(map(str, schema["enum"]))
-        raise ValidationError(_name(field), f"must be one of {choices}; got {value!r}")
+        raise ValidationError(_name(field), f"must be one of {choices}; got {value!r:.60}")
     if isinstance(value, str):
         _check_string(value, schema, field)
     elif isinstance(value, int | float) and not isinstance(value, bool):

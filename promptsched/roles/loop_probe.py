@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 
 import anyio
+import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.metrics import Metrics
 
 INTERVAL = 0.25  # seconds between probes; the lag itself is measured to the clock's resolution
+LOGGED = 1.0  # a lag this long is also logged, so the stall can be matched with other lines
+
+log = structlog.get_logger("loop_probe")
 
 
 class LoopProbe:
@@ -25,6 +29,8 @@ class LoopProbe:
         await anyio.sleep(self.interval)
         lag = max(0.0, time.monotonic() - started - self.interval)
         self.metrics.event_loop_lag.observe(lag)
+        if lag >= LOGGED:
+            log.warning("event_loop.lagged", seconds=round(lag, 3))
         return lag
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
