@@ -132,6 +132,22 @@ async def test_a_huge_declared_body_is_refused_at_once(api: Api, alice: dict[str
     assert time.monotonic() - started < 5
 
 
+async def test_a_body_whose_framing_breaks_while_it_is_read_is_a_400(
+    api: Api, alice: dict[str, str]
+) -> None:
+    """The parser accepts the headers; the body fails to decompress as the handler reads it."""
+    body = b"\x1f\x8b\x08\x00" + b"this is not gzip" * 4
+    request = (
+        b"POST /v1/schedules HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Authorization: " + alice["Authorization"].encode() + b"\r\n"
+        b"Content-Encoding: gzip\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    answered, reply, error = await _raw(api, request)
+    assert (answered, error["error"]["code"]) == (400, "bad_request"), reply[:400]
+    assert "malformed" in error["error"]["message"] and b"not gzip" not in reply
+
+
 BAD_JSON = [
     # (id, body, status, field, words the message must contain)
     ("huge-integer", b'{"name": "n", "prompt": "p", "cron": "0 9 * * *", "max_attempts": '
