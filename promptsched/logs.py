@@ -19,7 +19,7 @@ _LEVELS = {
 
 # A bearer token, or anything shaped like one of ours, wherever it appears in a line (a
 # library's message or traceback quoting a request): the last step before a line is written.
-_SECRET = re.compile(r"(?i)(bearer\s+|\bpst_)[A-Za-z0-9._~+/=-]+")
+_SECRET = re.compile(r"(?i)(bearer\s+|pst_)[A-Za-z0-9._~+/=-]+")
 
 
 def redact(line: str) -> str:

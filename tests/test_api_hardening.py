@@ -373,5 +373,7 @@ async def test_the_loop_probe_measures_how_long_the_loop_was_held() -> None:
 
 async def test_tokens_minted_here_look_like_what_the_log_redaction_looks_for() -> None:
     token = auth.new_token()
-    line = json.dumps({"event": "x", "header": f"Bearer {token}", "cookie": f"s={token}"})
+    line = json.dumps(
+        {"header": f"Bearer {token}", "cookie": f"s={token}", "query": f"?t%3D{token}"}
+    )
     assert token not in logs.redact(line) and token[4:] not in logs.redact(line)
