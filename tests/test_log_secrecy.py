@@ -17,7 +17,7 @@ import pytest
 
 from promptsched.api import auth
 from promptsched.store import queries
-from tests.helpers import Service
+from tests.helpers import Service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -92,10 +92,15 @@ async def test_no_token_reaches_any_log_line(
                     reply = await _raw(port, attack)
                     assert reply.startswith(b"HTTP/1.") and b" 4" in reply[:13], reply[:200]
                     assert token.encode() not in reply
-            async with session.get(f"{base}/metrics") as metrics:
-                text = await metrics.text()
-        probes = re.search(r"^promptsched_event_loop_lag_seconds_count (\S+)$", text, re.M)
-        assert probes is not None and float(probes.group(1)) > 0
+
+            async def probed() -> bool:  # the probe wakes every 0.25s from the start
+                async with session.get(f"{base}/metrics") as metrics:
+                    text = await metrics.text()
+                count = re.search(r"^promptsched_event_loop_lag_seconds_count (\S+)$", text, re.M)
+                assert count is not None, "the event-loop lag is not exported"
+                return float(count.group(1)) > 0
+
+            await wait_until(probed, timeout=10, what="an event-loop probe")
     finally:
         assert service.stop() == 0
 
