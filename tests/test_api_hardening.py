@@ -25,7 +25,7 @@ from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.store import pool as pools
-from tests import api_support, factories
+from tests import api_support, console_support, factories
 from tests.api_support import SCHEDULE, Api
 
 
@@ -377,3 +377,33 @@ async def test_tokens_minted_here_look_like_what_the_log_redaction_looks_for() -
         {"header": f"Bearer {token}", "cookie": f"s={token}", "query": f"?t%3D{token}"}
     )
     assert token not in logs.redact(line) and token[4:] not in logs.redact(line)
+
+
+# --- the console's params field parses the same way -----------------------------------------
+
+CONSOLE_FORM = {
+    "name": "n", "kind": "auto", "expression": "0 9 * * *", "timezone": "UTC", "prompt": "p",
+    "provider": "echo", "model": "", "misfire": "run_once", "overlap": "skip",
+    "max_attempts": "3", "timeout": "5m",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ("[" * 5000 + "]" * 5000, "nests deeper than 32"),
+        ('{"seed": ' + "7" * 5000 + "}", "5000 digits"),
+        ('{"x": NaN}', "NaN is not JSON"),
+        ('{"x": ', "line 1, column 7"),
+    ],
+    ids=["deep", "huge-integer", "nan", "truncated"],
+)
+async def test_the_consoles_params_field_fails_in_our_words_too(
+    pool: asyncpg.Pool[Any], params: str, words: str
+) -> None:
+    async with console_support.console(pool) as ui:
+        await ui.login_as("alice")
+        page = await ui.post("/schedules/new", {**CONSOLE_FORM, "params": params})
+    assert page.status == 422, page.text[:500]
+    assert words in page.text
+    assert not any(internal in page.text for internal in INTERNALS)

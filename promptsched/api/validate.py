@@ -42,21 +42,21 @@ def _integer(text: str) -> int | _HugeInteger:
     return int(text) if digits <= MAX_DIGITS else _HugeInteger(digits)
 
 
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON (UTF-8, an optional byte-order mark ignored), every failure a
-    ``Malformed`` in our words; pass the result to ``check_storable`` next, which names the
-    field of a NaN or an over-long integer."""
+def parse_json(raw: bytes, *, what: str = "the body") -> Any:
+    """A request body (or ``what`` else) as JSON: UTF-8, an optional byte-order mark ignored,
+    every failure a ``Malformed`` in our words. Pass the result to ``check_storable`` next,
+    which names the field of a NaN or an over-long integer."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Malformed("", f"the body is not valid UTF-8 (at byte {exc.start})") from None
+        raise Malformed("", f"{what} is not valid UTF-8 (at byte {exc.start})") from None
     try:
         return json.loads(text.removeprefix("\ufeff"), parse_int=_integer, parse_constant=_NotJson)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
-        raise Malformed("", f"the body is not valid JSON: {exc.msg} at {where}") from None
+        raise Malformed("", f"{what} is not valid JSON: {exc.msg} at {where}") from None
     except RecursionError:
-        raise Malformed("", f"the body nests deeper than {MAX_DEPTH} levels") from None
+        raise Malformed("", f"{what} nests deeper than {MAX_DEPTH} levels") from None
 
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
