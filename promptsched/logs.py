@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any
 
@@ -14,6 +15,19 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+# A bearer token, or anything shaped like one of ours, wherever it appears in a line (a
+# library's message or traceback quoting a request): the last step before a line is written.
+_SECRET = re.compile(r"(?i)(bearer\s+|pst_)[A-Za-z0-9._~+/=-]+")
+
+
+def redact(line: str) -> str:
+    return _SECRET.sub(r"\1[redacted]", line)
+
+
+def _redact(logger: Any, method: str, line: Any) -> Any:
+    return redact(line) if isinstance(line, str) else line
 
 
 # The level ``configure`` set (structlog writes every level until then).
@@ -47,6 +61,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
             timestamper,
             tracebacks if fmt == "json" else structlog.dev.set_exc_info,
             renderer,
+            _redact,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
@@ -67,6 +82,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 tracebacks,
                 renderer,
+                _redact,
             ],
         )
     )

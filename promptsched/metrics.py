@@ -13,6 +13,9 @@ from prometheus_client import (
 )
 
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# Event-loop lag: a healthy loop wakes a sleeper within a millisecond or two; anything near a
+# second means some request or computation held the loop and every role waited behind it.
+_LOOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -192,5 +195,13 @@ class Metrics:
             "scheduler_last_tick_timestamp_seconds",
             "Unix time of this process's last scheduler loop",
             namespace=ns,
+            registry=registry,
+        )
+        self.event_loop_lag = Histogram(
+            "event_loop_lag_seconds",
+            "How much later than asked a periodic probe's sleep woke up: how long the event "
+            "loop was held by other work (every role and request of the process shares it)",
+            namespace=ns,
+            buckets=_LOOP_BUCKETS,
             registry=registry,
         )

@@ -14,7 +14,7 @@ from promptsched import netguard, notify_targets
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
-from promptsched.executors import budget, openai, template
+from promptsched.executors import budget, echo, openai, template
 from promptsched.schedule import fire_times, overlap, spec
 from promptsched.store import queries
 from promptsched.store.pool import Conn
@@ -150,8 +150,8 @@ def validate(
     params = raw.get("params") or {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise ValidationError("params", "must be an object of string keys")
-    if "latency" in params:
-        parse_duration(str(params["latency"]), field="params.latency")
+    if provider == "echo" or (provider_kinds or {}).get(provider) == "echo":
+        echo.validate_params(params)
     values = ScheduleInput(
         name=name.strip(),
         kind=kind,
@@ -364,11 +364,14 @@ async def resume_schedule(
 async def trigger_schedule(
     conn: Conn, clock: Clock, schedule_id: int, *, owner: str | None, actor: str
 ) -> asyncpg.Record:
-    """A run now, outside the cadence (origin ``manual``)."""
+    """A run now, outside the cadence (origin ``manual``). A paused schedule is refused: its
+    run would be skipped as ``disabled`` by the worker's claim-time check (invariant 7)."""
     async with conn.transaction():
         row = await queries.schedule_get(conn, schedule_id, owner)
         if row is None:
             raise NotFound("schedule", schedule_id)
+        if not row["enabled"]:
+            raise StateConflict(f"schedule {schedule_id} is {_paused(row)}; resume it to run it")
         run = await queries.run_insert_manual(conn, schedule_id, clock.sql_now())
         assert run is not None
         await queries.schedule_change_insert(
@@ -377,6 +380,13 @@ async def trigger_schedule(
         )  # fmt: skip
         await queries.run_notify_ready(conn, "manual")
         return run
+
+
+def _paused(row: asyncpg.Record) -> str:
+    until = row["paused_until"]
+    reason = row["pause_reason"]
+    text = f"paused until {until.isoformat()}" if until is not None else "paused"
+    return f"{text} ({reason})" if reason else text
 
 
 MAX_BACKFILL = 1000

@@ -20,6 +20,7 @@ from promptsched.config import Config
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
+from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import CRASH_AFTER_SEND_ENV, Notifier, build_senders
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.retention import Retention
@@ -108,6 +109,7 @@ class Supervisor:
     ) -> None:
         config, roles = self.config, set(self.config.roles)
         handlers: dict[str, Callable[[str | None], None]] = {}
+        await tg.start(LoopProbe(self.metrics).run)  # every process, whatever its roles
         if "scheduler" in roles:
             scheduler = Scheduler(
                 pool,

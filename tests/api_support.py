@@ -12,10 +12,11 @@ from typing import Any
 import asyncpg
 import jsonschema
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 from multidict import CIMultiDictProxy
 
 from promptsched.api import app as api_app
-from promptsched.api import auth, openapi
+from promptsched.api import auth, openapi, protocol
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 
@@ -90,10 +91,26 @@ class Api:
         return await self.request("DELETE", path, who, **kw)
 
 
+class Server(TestServer):
+    """The test server on the production connection class and parser limits."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return protocol.Runner(self.app, **{**api_app.RUNNER_OPTIONS, **kwargs})
+
+
 @asynccontextmanager
-async def client(pool: asyncpg.Pool[Any], *, clock: Clock | None = None) -> AsyncIterator[Api]:
-    app = api_app.build(pool, Metrics(), lambda: True, clock=clock, providers=("echo",))
-    async with TestClient(TestServer(app)) as test_client:
+async def client(
+    pool: asyncpg.Pool[Any],
+    *,
+    clock: Clock | None = None,
+    providers: tuple[str, ...] = ("echo",),
+    provider_kinds: dict[str, str] | None = None,
+) -> AsyncIterator[Api]:
+    app = api_app.build(
+        pool, Metrics(), lambda: True, clock=clock, providers=providers,
+        provider_kinds=provider_kinds,
+    )  # fmt: skip
+    async with TestClient(Server(app)) as test_client:
         yield Api(test_client, pool)
 
 

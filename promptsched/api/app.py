@@ -12,10 +12,11 @@ import anyio
 import asyncpg
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from anyio.abc import TaskStatus
 
 from promptsched import netguard, service
-from promptsched.api import openapi
+from promptsched.api import openapi, protocol, validate
 from promptsched.api.handlers import (
     controls,
     events,
@@ -45,10 +46,9 @@ _UNAVAILABLE = (
     asyncpg.PostgresConnectionError,
     asyncpg.InternalClientError,  # a connection caught mid-operation by a server restart
 )
-# Room for the longest request line the document allows (a 2000-character preview expression,
-# percent-encoded), so no documented request meets the HTTP parser's own 400.
-RUNNER_OPTIONS: dict[str, Any] = {"access_log": None, "max_line_size": 64 * 1024}
+RUNNER_OPTIONS = protocol.RUNNER_OPTIONS  # the HTTP parser's limits; no access log
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_TOO_LARGE = f"the body is larger than {MAX_BODY} bytes"
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -77,6 +77,8 @@ def _error(
 
 def _known_error(exc: Exception, request_id: str) -> web.Response | None:
     """The response for an error the API raises on purpose; None for anything else."""
+    if isinstance(exc, validate.Malformed):
+        return _error(400, "malformed_json", exc.message, request_id, field=exc.field or None)
     if isinstance(exc, ValidationError):
         return _error(422, "invalid", exc.message, request_id, field=exc.field)
     if isinstance(exc, ApiError):
@@ -92,9 +94,26 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         code = _HTTP_CODES.get(exc.status, "http_error")
-        message = f"the body is larger than {MAX_BODY} bytes" if exc.status == 413 else exc.reason
+        message = _TOO_LARGE if exc.status == 413 else exc.reason
         return _error(exc.status, code, message, request_id, headers=headers)
+    if isinstance(exc, HttpProcessingError | web.RequestPayloadError):
+        # The body's framing broke while it was read (bad chunking, a short body, bad gzip):
+        # the client's fault, described without quoting it.
+        _, code, message = protocol.describe(exc)
+        return _error(400, code, message, request_id)
     return None
+
+
+async def _refuse_declared_size(request: web.Request, request_id: str) -> web.StreamResponse:
+    """413 at once by the declared Content-Length, instead of waiting for a body that may
+    never come; then the connection closes rather than lingering to read what is left."""
+    refused = _error(413, "too_large", _TOO_LARGE, request_id)
+    refused.headers["X-Request-Id"] = request_id
+    refused.force_close()
+    await refused.prepare(request)
+    await refused.write_eof()
+    request.protocol.force_close()  # the answer is flushed before the socket closes
+    return refused
 
 
 @web.middleware
@@ -105,6 +124,9 @@ async def errors(
     given = request.headers.get("X-Request-Id", "")
     request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    declared = request.content_length
+    if declared is not None and declared > MAX_BODY:
+        return await _refuse_declared_size(request, request_id)
     try:
         response = await handler(request)
     except Exception as exc:
@@ -173,7 +195,7 @@ class ApiServer:
         self.bound_port: int | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        runner = web.AppRunner(self.app, handle_signals=False, **RUNNER_OPTIONS)
+        runner = protocol.Runner(self.app, handle_signals=False, **RUNNER_OPTIONS)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:

@@ -22,9 +22,9 @@ def _replies(op: Operation) -> dict[str, Reply]:
         replies.setdefault(
             "401", Reply("missing, unknown or revoked token", _ERROR, headers=("WWW-Authenticate",))
         )
-    if op.params or op.body:
+    if op.params or op.body_schema:
         replies.setdefault("422", Reply("a field is invalid; the error names it", _ERROR))
-    if op.body:
+    if op.body_schema:
         replies.setdefault("400", Reply("the body is not JSON", _ERROR))
         replies.setdefault("413", Reply("the body is too large", _ERROR))
     replies.setdefault("5XX", Reply("server error (with a request id to quote)", _ERROR))
@@ -63,10 +63,10 @@ def _operation(op: Operation) -> dict[str, Any]:
         out["description"] = op.description
     if op.params:
         out["parameters"] = [_parameter(p) for p in op.params]
-    if op.body:
+    if op.body_schema:
         out["requestBody"] = {
-            "required": op.body_required,
-            "content": {"application/json": {"schema": schemas.ref(op.body)}},
+            "required": op.needs_body,
+            "content": {"application/json": {"schema": schemas.ref(op.body_schema)}},
         }
     if not op.auth:
         out["security"] = []

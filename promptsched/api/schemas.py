@@ -10,6 +10,7 @@ from promptsched import service
 from promptsched.schedule import overlap
 
 MAX_PAGE = 200
+EMPTY = "Empty"  # the body of an operation that takes no fields
 RUN_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "skipped")
 ORIGINS = ("cadence", "manual", "backfill", "replay")
 
@@ -259,6 +260,7 @@ COMPONENTS: dict[str, Schema] = {
     ),
     "Schedule": _obj({**_SCHEDULE_OUT, **_SCHEDULE_EXTRA}, SCHEDULE_OUT_FIELDS),
     "SchedulePage": _page("Schedule"),
+    EMPTY: _obj({}, description="no fields: send no body, or {}"),
     "Pause": _obj(
         {"until": nullable(TIME), "reason": {"type": ["string", "null"], "maxLength": 500}}
     ),

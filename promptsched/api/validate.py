@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +16,48 @@ from promptsched.api import schemas
 from promptsched.errors import ValidationError
 
 MAX_DEPTH = 32
+MAX_DIGITS = 100  # digits of an integer anywhere in a body (an id needs 19)
+
+
+class Malformed(ValidationError):
+    """Not JSON as RFC 8259 defines it: answered 400, not 422. ``field`` is "" when the
+    problem is the body as a whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NotJson:
+    """``NaN``, ``Infinity`` or ``-Infinity`` where a value was: Python's parser accepts them,
+    JSON does not; kept as a marker so the error can name the field."""
+
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class _HugeInteger:
+    digits: int
+
+
+def _integer(text: str) -> int | _HugeInteger:
+    digits = len(text) - text.startswith("-")
+    return int(text) if digits <= MAX_DIGITS else _HugeInteger(digits)
+
+
+def parse_json(raw: bytes, *, what: str = "the body") -> Any:
+    """A request body (or ``what`` else) as JSON: UTF-8, an optional byte-order mark ignored,
+    every failure a ``Malformed`` in our words. Pass the result to ``check_storable`` next,
+    which names the field of a NaN or an over-long integer."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Malformed("", f"{what} is not valid UTF-8 (at byte {exc.start})") from None
+    try:
+        return json.loads(text.removeprefix("\ufeff"), parse_int=_integer, parse_constant=_NotJson)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise Malformed("", f"{what} is not valid JSON: {exc.msg} at {where}") from None
+    except RecursionError:
+        raise Malformed("", f"{what} nests deeper than {MAX_DEPTH} levels") from None
+
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -106,7 +150,7 @@ def check(value: Any, schema: Mapping[str, Any], field: str = "") -> Any:
     value = _check_type(value, kinds, field)
     if "enum" in schema and value not in schema["enum"]:
         choices = ", ".join(map(str, schema["enum"]))
-        raise ValidationError(_name(field), f"must be one of {choices}; got {value!r}")
+        raise ValidationError(_name(field), f"must be one of {choices}; got {value!r:.60}")
     if isinstance(value, str):
         _check_string(value, schema, field)
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -122,9 +166,15 @@ def check(value: Any, schema: Mapping[str, Any], field: str = "") -> Any:
 
 def check_storable(value: Any, field: str = "", depth: int = 0) -> None:
     """Refuse what Postgres cannot store or what nests absurdly deep: NUL characters, lone
-    surrogates and non-finite numbers anywhere in a JSON document."""
+    surrogates, non-finite numbers and over-long integers anywhere in a JSON document."""
     if depth > MAX_DEPTH:
         raise ValidationError(_name(field), f"nests deeper than {MAX_DEPTH} levels")
+    if isinstance(value, _NotJson):
+        raise Malformed(_name(field), f"{value.token} is not JSON (JSON has no NaN or Infinity)")
+    if isinstance(value, _HugeInteger):
+        raise ValidationError(
+            _name(field), f"is a number of {value.digits} digits; at most {MAX_DIGITS}"
+        )
     if isinstance(value, str):
         _check_text(value, field)
     elif isinstance(value, float) and not math.isfinite(value):

@@ -68,9 +68,10 @@ def _params(text: str) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError("params", f"must be a JSON object: {exc}") from None
+        value = validate.parse_json(text.encode("utf-8", "surrogatepass"), what="the text")
+    except validate.Malformed as exc:
+        raise ValidationError("params", f"must be a JSON object: {exc.message}") from None
+    validate.check_storable(value, "params")  # names a NaN or an over-long number
     if not isinstance(value, dict):
         raise ValidationError("params", 'must be a JSON object, e.g. {"latency": "2s"}')
     return value

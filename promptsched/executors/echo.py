@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
 
 from promptsched.durations import parse_duration
-from promptsched.errors import PermanentError, RetryableError
+from promptsched.errors import PermanentError, RetryableError, ValidationError
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 
 
@@ -25,6 +26,32 @@ def _float_param(params: Mapping[str, Any], key: str, default: float) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise PermanentError(f"echo param {key} must be a number, got {value!r}") from None
+
+
+_TRUTHY = ("1", "true", "yes")
+_BOOLEANS = (*_TRUTHY, "0", "false", "no", "")
+
+
+def validate_params(params: Mapping[str, Any]) -> None:
+    """Raise ``ValidationError`` naming ``params.KEY`` for a value the echo provider would
+    refuse (or misread) at run time; other keys are ignored, as the provider ignores them."""
+    if "latency" in params:
+        parse_duration(str(params["latency"]), field="params.latency")
+    for key, low, high in (("fail_rate", 0.0, 1.0), ("fail_attempts", 0.0, 1000.0)):
+        if key not in params:
+            continue
+        value = params[key]
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not low <= number <= high or (key == "fail_attempts" and not number.is_integer()):
+            kind = "a whole number" if key == "fail_attempts" else "a number"
+            raise ValidationError(
+                f"params.{key}", f"must be {kind} between {low:g} and {high:g}, got {value!r:.40}"
+            )
+    if "fail_permanent" in params and str(params["fail_permanent"]).lower() not in _BOOLEANS:
+        raise ValidationError("params.fail_permanent", "must be true or false")
 
 
 class EchoExecutor:
@@ -45,7 +72,7 @@ class EchoExecutor:
         )
         if failing:
             message = f"echo: injected failure on attempt {request.attempt}"
-            if str(params.get("fail_permanent", "")).lower() in ("1", "true", "yes"):
+            if str(params.get("fail_permanent", "")).lower() in _TRUTHY:
                 raise PermanentError(message)
             raise RetryableError(message)
         return ExecutionResult(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,16 +25,40 @@ def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError("must be a number")
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ValueError("must be a number") from None
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
+
+
+def _between(low: float, high: float) -> Callable[[Any], float]:
+    """A number in [low, high], the range the OpenAI API documents for the parameter."""
+
+    def convert(value: Any) -> float:
+        number = _number(value)
+        if not low <= number <= high:
+            raise ValueError(f"must be between {low:g} and {high:g}")
+        return number
+
+    return convert
 
 
 def _whole(value: Any) -> int:
     number = _number(value)
     if not number.is_integer():
         raise ValueError("must be a whole number")
+    if abs(number) >= 2**63:
+        raise ValueError("is too large")
     return int(number)
+
+
+def _positive(value: Any) -> int:
+    number = _whole(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
 
 
 def _stop(value: Any) -> str | list[str]:
@@ -44,22 +69,33 @@ def _stop(value: Any) -> str | list[str]:
     raise ValueError("must be a string or a list of strings")
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_FORMAT_HELP = 'must be "text", "json_object" or {"type": "json_schema", "json_schema": {...}}'
+
+
 def _response_format(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
-        value = json.loads(value) if value.lstrip().startswith("{") else {"type": value}
-    if not isinstance(value, Mapping) or not isinstance(value.get("type"), str):
-        raise ValueError('must be "text", "json_object" or an object with a "type"')
+        try:
+            value = json.loads(value) if value.lstrip().startswith("{") else {"type": value}
+        except (ValueError, RecursionError):
+            raise ValueError(f"{_FORMAT_HELP}; the text is not a JSON object") from None
+    if not isinstance(value, Mapping) or value.get("type") not in RESPONSE_FORMATS:
+        raise ValueError(_FORMAT_HELP)
+    if value["type"] == "json_schema":
+        inner = value.get("json_schema")
+        if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+            raise ValueError('a "json_schema" format needs "json_schema": {"name": ..., ...}')
     return dict(value)
 
 
 # The generation parameters a schedule may set, and how a CLI string becomes the wire type.
 GENERATION_PARAMS: Mapping[str, Callable[[Any], Any]] = {
-    "temperature": _number,
-    "top_p": _number,
-    "presence_penalty": _number,
-    "frequency_penalty": _number,
-    "max_tokens": _whole,
-    "max_completion_tokens": _whole,
+    "temperature": _between(0, 2),
+    "top_p": _between(0, 1),
+    "presence_penalty": _between(-2, 2),
+    "frequency_penalty": _between(-2, 2),
+    "max_tokens": _positive,
+    "max_completion_tokens": _positive,
     "seed": _whole,
     "stop": _stop,
     "response_format": _response_format,
@@ -88,7 +124,9 @@ def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
         try:
             body[key] = convert(value)
         except ValueError as exc:
-            raise ValidationError(f"params.{key}", f"{exc} (got {value!r})") from None
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise ValidationError(f"params.{key}", f"{exc} (got {shown})") from None
     return body
 
 

@@ -93,8 +93,12 @@ OPERATIONS = (
     ),
     Operation(
         "POST", "/v1/schedules/{id}/trigger", trigger, "triggerSchedule", "Run a schedule now",
-        "schedules", {"201": Reply("the new run (origin manual)", "RunDetail"), "404": _MISSING},
+        "schedules",
+        {"201": Reply("the new run (origin manual)", "RunDetail"), "404": _MISSING,
+         "409": Reply("the schedule is paused: resume it first", "Error")},
         params=(ID_PARAM,),
+        description="A paused schedule is not run (its run would be skipped as `disabled`): "
+        "the answer is 409 naming the pause; resume the schedule first.",
     ),
     Operation(
         "POST", "/v1/schedules/{id}/backfill", backfill, "backfillSchedule",

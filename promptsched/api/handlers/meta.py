@@ -6,16 +6,21 @@ from __future__ import annotations
 from datetime import UTC
 
 import anyio
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from promptsched import service
 from promptsched.api import schemas, validate
 from promptsched.api.http import Call, Operation, Param, Reply, json_reply
+from promptsched.errors import SchemaMismatch
 from promptsched.schedule import spec
 from promptsched.store import migrate
 
 MAX_PREVIEW = 100
+READY_TIMEOUT = 2  # seconds
+
+log = structlog.get_logger("api")
 
 
 async def preview(call: Call) -> web.StreamResponse:
@@ -55,11 +60,21 @@ async def readyz(call: Call) -> web.StreamResponse:
     if not call.deps.ready():
         return json_reply({"status": "draining"}, status=503)
     try:
-        with anyio.fail_after(2):
+        with anyio.fail_after(READY_TIMEOUT):
             async with call.deps.pool.acquire() as conn:
                 await migrate.check(conn)
-    except Exception as exc:  # any failure to reach a current schema means "not ready"
+    except SchemaMismatch as exc:  # our own words: which version, and the command that fixes it
         return json_reply({"status": "unavailable", "error": str(exc)}, status=503)
+    except Exception as exc:  # any failure to reach a current schema means "not ready"
+        # The cause (addresses, driver messages) goes to the log, not to an unauthenticated
+        # caller.
+        log.warning("api.not_ready", error=repr(exc))
+        reason = (
+            f"the database did not answer within {READY_TIMEOUT}s"
+            if isinstance(exc, TimeoutError)
+            else "the database is unreachable"
+        )
+        return json_reply({"status": "unavailable", "error": reason}, status=503)
     return json_reply({"status": "ready"})
 
 
