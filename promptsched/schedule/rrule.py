@@ -7,8 +7,8 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from datetime import UTC, datetime, time, timedelta, tzinfo
+from functools import lru_cache
 from itertools import islice
 from typing import Any
 
