@@ -443,7 +443,7 @@ def bounded(rule: du.rrule, *, total: int | None = None) -> Iterator[datetime]:
 def too_rare(rule: du.rrule, exc: expand.Exhausted) -> str:
     freq = _FREQS[rule._freq]  # type: ignore[attr-defined]
     days = (exc.reached - exc.start).days
-    span = f"{days // 365} years" if days >= 730 else f"{max(days, 1)} days"
+    span = f"{days // 365} years" if days >= 730 else f"{days} days" if days > 1 else "a day"
     return (
         f"the RRULE fires less than once in {span} for FREQ={freq} (no fire time from "
         f"{exc.start:%Y-%m-%d} to {exc.reached:%Y-%m-%d}, and the search for the next one stops "
