@@ -3,7 +3,7 @@ deadline, so the one event loop that serves every role never waits on it.
 
 The math itself is bounded (``schedule.limits``): each search for a fire time has a step
 budget and nothing is searched past 2200, so a thread finishes even when its caller stopped
-waiting. One runs at a time per event loop (others wait their turn without holding anything):
+waiting. One runs at a time per lane and event loop (others wait their turn, holding nothing):
 a CPU-bound thread competes with the loop for the GIL, which the loop then gets back within
 a switch interval (5 ms); with two such threads the loop's worst /healthz in a burst of
 hostile requests was three times longer (150 ms against 45 ms, tests/test_hostile_schedules.py).
@@ -23,26 +23,37 @@ from promptsched.errors import ValidationError
 DEADLINE = 10.0  # seconds, waiting for a thread included
 THREADS = 1
 T = TypeVar("T")
-_SLOTS: RunVar[anyio.CapacityLimiter] = RunVar("promptsched_schedule_math")
+# One lane for requests and one for the scheduler, so a burst of hostile previews never
+# queues the planning of due schedules behind it.
+_LANES = {
+    "requests": RunVar[anyio.CapacityLimiter]("promptsched_math_requests"),
+    "scheduler": RunVar[anyio.CapacityLimiter]("promptsched_math_scheduler"),
+}
 
 
-def _limiter() -> anyio.CapacityLimiter:
+def _limiter(lane: str) -> anyio.CapacityLimiter:
+    slots = _LANES[lane]
     try:
-        return _SLOTS.get()
+        return slots.get()
     except LookupError:
         limiter = anyio.CapacityLimiter(THREADS)
-        _SLOTS.set(limiter)
+        slots.set(limiter)
         return limiter
 
 
 async def run(
-    fn: Callable[[], T], *, field: str | None = "expression", deadline: float = DEADLINE
+    fn: Callable[[], T],
+    *,
+    field: str | None = "expression",
+    deadline: float = DEADLINE,
+    lane: str = "requests",
 ) -> T:
-    """``fn()`` in a worker thread; after ``deadline`` a ValidationError naming ``field``
-    (a TimeoutError when ``field`` is None: the caller's input is not to blame)."""
+    """``fn()`` in a worker thread of ``lane``; after ``deadline`` a ValidationError naming
+    ``field`` (a TimeoutError when ``field`` is None: the caller's input is not to blame)."""
+    limiter = _limiter(lane)
     try:
         with anyio.fail_after(deadline):
-            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=_limiter())
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter)
     except TimeoutError:
         if field is None:
             raise

@@ -112,7 +112,9 @@ class _Batch:
             return
         key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
         if key not in self.plans:
-            self.plans[key] = await offload.run(lambda: policies.plan_tick(*key), field=None)
+            self.plans[key] = await offload.run(
+                lambda: policies.plan_tick(*key), field=None, lane="scheduler"
+            )
 
     def add_group(self, group: asyncpg.Record) -> None:
         members: list[int] = group["ids"]
