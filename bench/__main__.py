@@ -30,6 +30,7 @@ WORKLOADS = {
     "w5": "w5_footprint",
     "w6": "w6_fire_times",
     "w7": "w7_scale",
+    "w8": "w8_hostile",
 }
 REPEATED = {"w1", "w2", "w6"}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import netguard, notify_targets
+from promptsched import netguard, notify_targets, offload
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import PromptschedError, ValidationError
@@ -110,6 +110,12 @@ def _choice(raw: Mapping[str, Any], key: str, default: str, choices: Collection[
     return str(value)
 
 
+def _zone_name(raw: Mapping[str, Any]) -> str:
+    """The schedule's zone: UTC when absent; an empty one is an error, not UTC."""
+    zone = _text(raw, "timezone", limit=100, required=False)
+    return "UTC" if zone is None else zone
+
+
 def _kind_and_expression(raw: Mapping[str, Any]) -> tuple[str, str]:
     given = [kind for kind in KINDS if raw.get(kind) is not None]
     if raw.get("kind") is not None or raw.get("expression") is not None:
@@ -157,7 +163,7 @@ def validate(
         kind=kind,
         expression=expression,
         prompt=prompt,
-        timezone=_text(raw, "timezone", limit=100, required=False) or "UTC",
+        timezone=_zone_name(raw),
         provider=provider,
         model=_text(raw, "model", limit=200, required=False),
         params=dict(params),
@@ -227,7 +233,8 @@ async def create_schedule(
     db: queries.DB, clock: Clock, values: ScheduleInput, *, owner: str, actor: str | None = None
 ) -> asyncpg.Record:
     now = await db_now(db, clock)
-    first = spec.check_fires(values.spec(), now)  # an expression that never fires is an error
+    # an expression that never fires (before 2200) is an error; the search runs off the loop
+    first = await offload.run(lambda: spec.check_fires(values.spec(), now))
     row = await queries.schedule_insert(
         db,
         [
@@ -295,20 +302,23 @@ async def update_schedule(
             merged.pop("kind", None)
             merged.pop("expression", None)
         merged.update(patch)
-        values = validate(
-            merged,
-            providers=providers,
-            provider_kinds=provider_kinds,
-            webhook_allow=webhook_allow,
-            current_notify=row["notify"],
-            tools=tools,
+        values = await offload.run(
+            lambda: validate(
+                merged,
+                providers=providers,
+                provider_kinds=provider_kinds,
+                webhook_allow=webhook_allow,
+                current_notify=row["notify"],
+                tools=tools,
+            )
         )
         cursor = row["next_fire_at"]
         timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
         if any(getattr(values, f) != row[f] for f in timing):
             now = await db_now(conn, clock)
             after = min(now, cursor) if cursor is not None else now
-            cursor = spec.check_fires(values.spec(), after - timedelta(microseconds=1))
+            since = after - timedelta(microseconds=1)
+            cursor = await offload.run(lambda: spec.check_fires(values.spec(), since))
         updated = await queries.schedule_update(
             conn, schedule_id, row["version"],
             [*_columns(values), cursor, values.pause_after_failures, dict(values.notify)],

@@ -317,8 +317,17 @@ async def test_bad_parameters(api: Api, alice: dict[str, str], path: str, field:
 async def test_a_schedule_at_the_end_of_time_shows_the_slots_it_has(
     api: Api, alice: dict[str, str]
 ) -> None:
-    body = await _create(api, alice, cron=None, every="1s from 9999-12-31T23:59:58Z")
-    assert body["next_fire_times"] == ["9999-12-31T23:59:58+00:00", "9999-12-31T23:59:59+00:00"]
+    # the supported range of fire times ends at 2200-01-01T00:00Z (docs/scheduling.md)
+    body = await _create(api, alice, cron=None, every="1s from 2199-12-31T23:59:58Z")
+    assert body["next_fire_times"] == ["2199-12-31T23:59:58+00:00", "2199-12-31T23:59:59+00:00"]
+    beyond = await api.post(
+        "/v1/schedules",
+        alice,
+        json={**SCHEDULE, "cron": None, "every": "1s from 2200-01-01T00:00:00Z"},
+    )
+    assert beyond.status == 422
+    assert beyond.body["error"]["field"] == "expression"
+    assert "2200-01-01" in beyond.body["error"]["message"]
 
 
 async def test_unknown_routes_and_methods_answer_json(api: Api, alice: dict[str, str]) -> None:

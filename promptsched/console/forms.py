@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import service
+from promptsched import offload, service
 from promptsched.api import validate
 from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
@@ -183,13 +183,17 @@ async def preview(ctx: Ctx) -> web.StreamResponse:
         validate.check_storable([kind, expression, timezone])
         if kind not in CHOICES["kind"]:
             raise ValidationError("kind", f"must be one of {', '.join(CHOICES['kind'])}")
-        parsed = parse_expression(kind, expression, timezone)
+
+        def compute() -> tuple[spec.Spec, list[datetime]]:
+            parsed = parse_expression(kind, expression, timezone)
+            return parsed, preview_times(parsed, ctx.now)
+
+        parsed, times = await offload.run(compute)  # bounded math, off the event loop
     except ValidationError as exc:
         return web.json_response(
             {"error": {"field": exc.field, "message": exc.message}}, status=422
         )
     where = timefmt.zone(parsed.timezone)
-    times = preview_times(parsed, ctx.now)
     seconds = timefmt.any_seconds(times)
     return web.json_response(
         {

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from promptsched import notify_targets, service
+from promptsched import notify_targets, offload, service
 from promptsched.api import explain, validate, views
 from promptsched.console import describe, layout, timefmt
 from promptsched.console.context import Ctx
@@ -168,7 +168,8 @@ async def _verdict(ctx: Ctx, row: asyncpg.Record, at: datetime, where: ZoneInfo)
     async with ctx.deps.pool.acquire() as conn:
         changes = await queries.schedule_change_around(conn, row["id"], at)
         found = await queries.run_list_for_slot(conn, row["id"], at)
-    answer = explain.explain(explain.Facts(row, at, ctx.now, changes, found))
+    facts = explain.Facts(row, at, ctx.now, changes, found)
+    answer = await offload.run(lambda: explain.explain(facts))  # bounded math, off the loop
     runs = [
         join([layout.link(f"/runs/{r['id']}", f"run {r['id']}"), " ", layout.badge(r["status"])])
         for r in answer["runs"]

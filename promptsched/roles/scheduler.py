@@ -24,7 +24,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from promptsched import logs
+from promptsched import logs, offload
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
@@ -103,6 +103,18 @@ class _Batch:
     skip_reasons: list[str | None] = field(default_factory=list)
     missed: list[int] = field(default_factory=list)
     available_at: list[datetime] = field(default_factory=list)
+
+    async def plan_off_loop(self, group: asyncpg.Record) -> None:
+        """An RRULE's plan is computed in a worker thread (bounded, but it may take tens of
+        milliseconds); cron, `every` and `at` plan in closed form on the loop. A deadline
+        raises TimeoutError, which fails the batch for the next tick to retry."""
+        if group["kind"] != "rrule":
+            return
+        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+        if key not in self.plans:
+            self.plans[key] = await offload.run(
+                lambda: policies.plan_tick(*key), field=None, lane="scheduler"
+            )
 
     def add_group(self, group: asyncpg.Record) -> None:
         members: list[int] = group["ids"]
@@ -236,6 +248,7 @@ class Scheduler:
             for group in await queries.schedule_take_due(conn, now, self.batch):
                 taken += len(group["ids"])
                 try:
+                    await batch.plan_off_loop(group)
                     batch.add_group(group)
                 except ValidationError as exc:  # one unreadable schedule must not stop the rest
                     await self._pause_unplannable(conn, group["ids"], exc)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
 from promptsched.errors import ValidationError
+from promptsched.schedule import limits
 
 # We parse cron ourselves instead of using croniter: croniter reads a 6th field as SECONDS LAST
 # and applies DST rules we do not want. Here a 6-field expression has seconds FIRST, as Quartz,
@@ -105,7 +106,7 @@ class Cron:
         """The first matching naive local time strictly after `after` (whole seconds)."""
         year, month, day = after.year, after.month, after.day
         hms = (after.hour, after.minute, after.second + 1)
-        last_year = min(year + SEARCH_YEARS, 9998)
+        last_year = min(year + SEARCH_YEARS, limits.LAST_YEAR)
         while year <= last_year:
             if month in self.months:
                 days = self.month_days(year, month)
@@ -237,7 +238,7 @@ def _item(name: str, low: int, high: int, names: dict[str, int], item: str, whol
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) == 0:
+        if not _is_number(step_text) or int(step_text) == 0:
             raise ValidationError("expression", f"{where}: step {step_text!r} must be a number > 0")
         step = int(step_text)
     if base in ("*", "?"):
@@ -260,12 +261,17 @@ def _item(name: str, low: int, high: int, names: dict[str, int], item: str, whol
 def _number(text: str, low: int, high: int, names: dict[str, int], where: str) -> int:
     value = names.get(text.lower()) if names else None
     if value is None:
-        if not text.isdigit():
+        if not _is_number(text):
             raise ValidationError("expression", f"{where}: {text!r} is not a number or name")
         value = int(text)
     if not low <= value <= high:
         raise ValidationError("expression", f"{where}: {value} is out of range {low}-{high}")
     return value
+
+
+def _is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '¹' (which int() rejects) and '٣'."""
+    return text.isascii() and text.isdigit()
 
 
 def _monthdays(text: str) -> tuple[tuple[int, ...], bool]:
@@ -287,7 +293,7 @@ def _weekdays(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
         if hash_ or (item.upper().endswith("L") and len(item) > 1):
             if not hash_:
                 day_text, n_text = item[:-1], "-1"
-            elif not n_text.isdigit() or not 1 <= int(n_text) <= 5:
+            elif not _is_number(n_text) or not 1 <= int(n_text) <= 5:
                 raise ValidationError("expression", f"{where}: '#{n_text}' must be #1 to #5")
             day = _number(day_text, 0, 7, _WEEKDAYS, where)
             nth.append(((day - 1) % 7, int(n_text)))

@@ -8,7 +8,7 @@ from functools import lru_cache
 from itertools import islice
 from typing import Protocol
 
-from promptsched.schedule import cron, rrule, spec, zone
+from promptsched.schedule import cron, limits, rrule, spec, zone
 
 # Cron and RRULE are matched on the local wall clock (cron.Cron, rrule.RRule) and mapped to
 # instants here:
@@ -54,14 +54,18 @@ def compiled(s: spec.Spec) -> Compiled:
 
 def next_after(s: spec.Spec, after: datetime) -> datetime | None:
     """The first fire time strictly after `after` (aware, any zone) as aware UTC; None if none
-    (also when the next one would lie past the last instant a datetime can hold)."""
+    before limits.LATEST, the end of the supported range. Bounded work: a search that needs
+    more than limits.SEARCH_BUDGET steps raises ValidationError("expression", ...)."""
     if after.tzinfo is None:
         raise ValueError("`after` must be timezone-aware")
+    if after >= limits.LATEST:
+        return None
     try:
         # all arithmetic below is on UTC instants: `local + timedelta` is wall-clock arithmetic
-        return _next_after(s, after.astimezone(UTC))
+        found = _next_after(s, after.astimezone(UTC))
     except OverflowError:
         return None
+    return found if found is not None and found < limits.LATEST else None
 
 
 def _next_after(s: spec.Spec, after: datetime) -> datetime | None:
@@ -144,6 +148,7 @@ def count_between(s: spec.Spec, start: datetime, end: datetime, *, limit: int) -
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("`start` and `end` must be timezone-aware")
     c = compiled(s)
+    end = min(end, limits.LATEST - _US)
     if end < start:
         total = 0
     elif isinstance(c, spec.At):

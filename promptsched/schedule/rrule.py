@@ -5,24 +5,27 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta, tzinfo
+from functools import lru_cache
 from itertools import islice
 from typing import Any
 
 from dateutil import rrule as du
 
 from promptsched.errors import ValidationError
-from promptsched.schedule import zone
+from promptsched.schedule import expand, limits, zone
 
 MAX_COUNT = 100_000
+MAX_INTERVAL = 10_000
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _DTSTART = re.compile(
     r"DTSTART(?:;VALUE=DATE(?:-TIME)?)?(?:;TZID=(?P<tzid>[^:;]+))?(?:;VALUE=DATE(?:-TIME)?)?"
     r":(?P<value>\d{8}(?:T\d{6}Z?)?)",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
-_UNTIL = re.compile(r"(?P<date>\d{8})(?:T(?P<time>\d{6})(?P<z>Z)?)?")
+_UNTIL = re.compile(r"(?P<date>\d{8})(?:T(?P<time>\d{6})(?P<z>Z)?)?", re.ASCII)
 # How much local time one cached window of occurrences spans, by FREQ (YEARLY .. SECONDLY).
 _WINDOWS = (
     timedelta(days=3653),
@@ -101,7 +104,7 @@ class RRule:
         start = _NAIVE_EPOCH + index * _WINDOWS[self.freq]
         end = start + _WINDOWS[self.freq]
         found: list[datetime] = []
-        for occurrence in self._rule_from(start):
+        for occurrence in bounded(self._rule_from(start)):
             if occurrence >= end:
                 return tuple(found), occurrence
             if occurrence >= start:
@@ -149,8 +152,10 @@ def canonical(text: str, where: tzinfo) -> str:
     return f"DTSTART{tzid}:{match['value'].upper()}\nRRULE:{body}"
 
 
+@lru_cache(maxsize=1024)
 def compile_rrule(text: str, where: tzinfo) -> RRule:
-    """Parse DTSTART + RRULE; raises ValidationError("expression", ...)."""
+    """Parse DTSTART + RRULE; raises ValidationError("expression", ...). Cached: validating
+    a schedule and computing its fire times compile it once."""
     dtstart_line, body = _split(text)
     dtstart = _dtstart(dtstart_line, where) if dtstart_line else _NAIVE_EPOCH
     parts = _parts(body)
@@ -162,24 +167,86 @@ def compile_rrule(text: str, where: tzinfo) -> RRule:
     rule = _dateutil_rule(parts, dtstart)
     _check_possible(parts)
     _check_phase(parts, dtstart)
+    _check_setpos(parts)
+    freq = _FREQS.index(parts["FREQ"])
+    expansion = _as_daily(parts, freq, dtstart)
+    if expansion is not None:
+        rule = _dateutil_rule(expansion, dtstart)
     until_utc, until_local = _until(until_text, where) if until_text else (None, None)
     if count_text is not None:
         until_local = _last_of(rule, _count(count_text))
     if until_local is not None:
         rule = rule.replace(until=until_local)
-    freq = _FREQS.index(parts["FREQ"])
     return RRule(
         rule=rule,
         dtstart=dtstart,
         freq=freq,
         interval=int(parts.get("INTERVAL", "1")),
         wkst=_WEEKDAYS.index(parts.get("WKST", "MO")),
-        defaults=_defaults(parts, freq, dtstart),
+        defaults=_defaults(expansion or parts, du.DAILY if expansion else freq, dtstart),
         until_utc=until_utc,
         hour_star=freq >= du.HOURLY and "BYHOUR" not in parts,
         step=_step(parts, freq),
         until_local=until_local,
     )
+
+
+_ALL = {"BYHOUR": ",".join(map(str, range(24))), "BYMINUTE": ",".join(map(str, range(60)))}
+_ALL["BYSECOND"] = _ALL["BYMINUTE"]
+_DAILY_TIMES = 3600  # rewrite to DAILY only while one day holds at most this many times
+
+
+def _as_daily(parts: dict[str, str], freq: int, dtstart: datetime) -> dict[str, str] | None:
+    """The same rule at FREQ=DAILY, for a HOURLY/MINUTELY/SECONDLY rule with INTERVAL=1 and
+    filters (None when there is nothing to gain).
+
+    With INTERVAL=1 such a rule visits every hour/minute/second, so its occurrences are the
+    days its day filters keep times the times its BYHOUR/BYMINUTE/BYSECOND keep (a missing
+    finer part is every value, a missing coarser one DTSTART's): exactly a DAILY rule with
+    all three explicit. dateutil walks the sub-daily rule second by second between matches
+    (a day of seconds per day skipped); the DAILY one takes one step per day.
+    """
+    filters = set(parts) - {"FREQ", "INTERVAL", "WKST"}
+    if freq < du.HOURLY or parts.get("INTERVAL", "1") != "1" or not filters:
+        return None
+    if "BYSETPOS" in parts:  # at SECONDLY every period holds one time: only 1 / -1 select it
+        if freq != du.SECONDLY:
+            return None
+        filters.discard("BYSETPOS")
+    out = {k: v for k, v in parts.items() if k in filters}
+    out["FREQ"] = "DAILY"
+    for key, unit, value in (
+        ("BYHOUR", du.HOURLY, dtstart.hour),
+        ("BYMINUTE", du.MINUTELY, dtstart.minute),
+        ("BYSECOND", du.SECONDLY, dtstart.second),
+    ):
+        out.setdefault(key, _ALL[key] if freq >= unit else str(value))
+    times = 1
+    for key in ("BYHOUR", "BYMINUTE", "BYSECOND"):
+        times *= len(set(out[key].split(",")))
+    return out if times <= _DAILY_TIMES else None
+
+
+def _check_setpos(parts: dict[str, str]) -> None:
+    """BYSETPOS picks from the occurrences of one period; a position past the most a period
+    can hold never matches (dateutil would search every period up to year 9999)."""
+    if "BYSETPOS" not in parts:
+        return
+    sizes = {k: len(set(parts[k].split(","))) if k in parts else 1 for k in _TIME_KEYS}
+    freq = _FREQS.index(parts["FREQ"])
+    most = 1
+    for key, unit in zip(_TIME_KEYS, (du.HOURLY, du.MINUTELY, du.SECONDLY), strict=True):
+        most *= sizes[key] if freq < unit else 1
+    most *= (366, 31, 7, 1, 1, 1, 1)[freq]
+    if all(abs(int(p)) > most for p in parts["BYSETPOS"].split(",")):
+        raise ValidationError(
+            "expression",
+            f"the RRULE never fires: BYSETPOS={parts['BYSETPOS']} but one FREQ={parts['FREQ']} "
+            f"period holds at most {most} occurrence(s)",
+        )
+
+
+_TIME_KEYS = ("BYHOUR", "BYMINUTE", "BYSECOND")
 
 
 def _step(parts: dict[str, str], freq: int) -> timedelta | None:
@@ -242,9 +309,18 @@ def _parts(body: str) -> dict[str, str]:
     if "FREQ" not in parts:
         raise ValidationError("expression", "an RRULE needs FREQ (e.g. FREQ=DAILY)")
     interval = parts.get("INTERVAL", "1")
-    if not interval.isdigit() or not 1 <= int(interval) <= 10_000:
-        raise ValidationError("expression", f"INTERVAL={interval} must be between 1 and 10000")
+    if not _is_number(interval) or not 1 <= int(interval) <= MAX_INTERVAL:
+        raise ValidationError(
+            "expression",
+            f"INTERVAL={interval} must be a whole number from 1 to {MAX_INTERVAL:,} (a limit of "
+            "promptsched; for longer intervals use a coarser FREQ)",
+        )
     return parts
+
+
+def _is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '¹' (which int() rejects) and '٣'."""
+    return text.isascii() and text.isdigit()
 
 
 def _dateutil_rule(parts: dict[str, str], dtstart: datetime) -> du.rrule:
@@ -262,7 +338,7 @@ def _check_ranges(parts: dict[str, str]) -> None:
     for key, (low, high, signed) in _RANGES.items():
         for item in parts.get(key, "").split(",") if key in parts else ():
             number = item.lstrip("+-")
-            ok = number.isdigit() and low <= int(number) <= high and (signed or item == number)
+            ok = _is_number(number) and low <= int(number) <= high and (signed or item == number)
             if not ok:
                 raise ValidationError(
                     "expression",
@@ -327,17 +403,53 @@ def _until(text: str, where: tzinfo) -> tuple[datetime | None, datetime]:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= MAX_COUNT:
+    if not _is_number(text) or not 1 <= int(text) <= MAX_COUNT:
         raise ValidationError("expression", f"COUNT={text} must be between 1 and {MAX_COUNT}")
     return int(text)
 
 
 def _last_of(rule: du.rrule, count: int) -> datetime:
-    last = deque(islice(rule, count), maxlen=1)
+    """The COUNT-th occurrence, or the last one before the end of the supported range."""
+    total = limits.COUNT_BUDGET
+    try:
+        last = deque(islice(bounded(rule, total=total), count), maxlen=1)
+    except expand.Exhausted:
+        raise ValidationError(
+            "expression",
+            f"COUNT={count}: finding the last of {count} fire times needs more than "
+            f"{total:,} steps of work; use a smaller COUNT, or UNTIL",
+        ) from None
     if not last:
-        raise ValidationError("expression", "the RRULE matches no date")
-    assert isinstance(last[0], datetime)
+        raise ValidationError("expression", f"the RRULE never fires before {limits.LAST_YEAR}")
     return last[0]
+
+
+def bounded(rule: du.rrule, *, total: int | None = None) -> Iterator[datetime]:
+    """The rule's occurrences through limits.LAST_YEAR, each found within the search budget;
+    raises ValidationError("expression", ...) for a rule that fires too rarely for its FREQ
+    (and expand.Exhausted when all of it takes more than ``total`` steps)."""
+    try:
+        yield from expand.occurrences(
+            rule, budget=limits.SEARCH_BUDGET, last_year=limits.LAST_YEAR, total=total
+        )
+    except expand.Exhausted as exc:
+        if not exc.gap:
+            raise
+        raise ValidationError("expression", too_rare(rule, exc)) from None
+    except ValueError as exc:  # dateutil: BYHOUR/BYMINUTE/BYSECOND unreachable with INTERVAL
+        raise ValidationError("expression", f"the RRULE never fires: {exc}") from None
+
+
+def too_rare(rule: du.rrule, exc: expand.Exhausted) -> str:
+    freq = _FREQS[rule._freq]  # type: ignore[attr-defined]
+    days = (exc.reached - exc.start).days
+    span = f"{days // 365} years" if days >= 730 else f"{days} days" if days > 1 else "a day"
+    return (
+        f"the RRULE fires less than once in {span} for FREQ={freq} (no fire time from "
+        f"{exc.start:%Y-%m-%d} to {exc.reached:%Y-%m-%d}, and the search for the next one stops "
+        f"after {limits.SEARCH_BUDGET:,} steps); use a coarser FREQ, e.g. FREQ=DAILY with "
+        "BYHOUR/BYMINUTE/BYSECOND"
+    )
 
 
 def _defaults(parts: dict[str, str], freq: int, dtstart: datetime) -> dict[str, Any]:

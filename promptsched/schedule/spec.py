@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import ValidationError
-from promptsched.schedule import cron, rrule, zone
+from promptsched.schedule import cron, limits, rrule, zone
 
 Kind = Literal["cron", "rrule", "at", "every"]
 DstGap = Literal["shift", "skip"]
@@ -104,43 +104,72 @@ def parse_line(text: str, timezone: str = "UTC", **kw: str) -> Spec:
 
 
 def check_fires(spec: Spec, now: datetime) -> datetime:
-    """The first fire strictly after `now`; raises ValidationError if the schedule never fires."""
+    """The first fire strictly after `now`; raises ValidationError if the schedule never fires
+    before the end of the supported range (limits.LATEST), or fires too rarely to compute."""
     from promptsched.schedule import fire_times  # fire_times imports this module
 
     found = fire_times.next_after(spec, now)
     if found is not None:
         return found
+    end = limits.LATEST.isoformat().replace("+00:00", "Z")
     reason = {
         "at": f"the time {spec.expression} is already past",
-        "rrule": "its COUNT or UNTIL is exhausted (or the rule matches no date)",
+        "rrule": "its COUNT or UNTIL is exhausted, or it matches no date before then",
         "cron": "no date matches it",
-        "every": "its interval never recurs",
+        "every": "its first fire time is after that",
     }[spec.kind]
+    compiled = fire_times.compiled(spec)
+    if isinstance(compiled, At) and compiled.instant >= limits.LATEST:
+        reason = f"{spec.expression} is after the supported range"
     raise ValidationError(
-        "expression", f"the schedule never fires after {now.isoformat()}: {reason}"
+        "expression",
+        f"the schedule never fires between {now.isoformat()} and {end} (the end of the "
+        f"supported range): {reason}",
     )
 
 
 def load_zone(name: str) -> ZoneInfo:
-    """The IANA zone `name`; raises ValidationError("timezone", ...) with a suggestion."""
+    """The IANA zone `name`; raises ValidationError("timezone", ...) with a suggestion.
+
+    Only names of the IANA database are zones: "" is not UTC, and the files zoneinfo would
+    also open ("localtime", the host's own zone; "Factory"; "posixrules"; the "posix/" and
+    "right/" copies) are not zones a schedule can name."""
+    if not name.strip():
+        raise ValidationError(
+            "timezone", f"unknown time zone {name!r}: it must not be empty (use UTC for UTC)"
+        )
     try:
+        if name not in _zone_names_set():
+            raise ValueError(name)
         return _zone(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
-        close = difflib.get_close_matches(str(name), _zone_names(), n=1)
+        close = difflib.get_close_matches(name, _zone_names(), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else " (use an IANA name like Europe/Paris)"
-        raise ValidationError("timezone", f"unknown time zone {name!r}{hint}") from None
+        raise ValidationError(
+            "timezone", f"unknown time zone {name[:100]!r}: not an IANA zone name{hint}"
+        ) from None
 
 
 @lru_cache(maxsize=512)
 def _zone(name: str) -> ZoneInfo:
-    if not name:
-        raise ValueError(name)
     return ZoneInfo(name)
+
+
+_NOT_ZONES = frozenset({"Factory", "localtime", "posixrules"})
+
+
+@lru_cache(maxsize=1)
+def _zone_names_set() -> frozenset[str]:
+    return frozenset(
+        n
+        for n in available_timezones()
+        if n not in _NOT_ZONES and not n.startswith(("posix/", "right/"))
+    )
 
 
 @lru_cache(maxsize=1)
 def _zone_names() -> list[str]:
-    return sorted(available_timezones())
+    return sorted(_zone_names_set())
 
 
 def compile_at(expression: str, where: tzinfo) -> At:

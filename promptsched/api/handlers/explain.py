@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import service
+from promptsched import offload, service
 from promptsched.api import explain, validate
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
 from promptsched.schedule import spec
@@ -22,7 +22,8 @@ async def explain_slot(call: Call) -> web.StreamResponse:
         now = await service.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
         runs = await queries.run_list_for_slot(conn, schedule_id, at)
-    return json_reply(explain.explain(explain.Facts(row, at, now, changes, runs)))
+    facts = explain.Facts(row, at, now, changes, runs)
+    return json_reply(await offload.run(lambda: explain.explain(facts)))
 
 
 OPERATIONS = (

@@ -3,14 +3,14 @@ and the OpenAPI document."""
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 
 import anyio
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from promptsched import service
+from promptsched import offload, service
 from promptsched.api import schemas, validate
 from promptsched.api.http import Call, Operation, Param, Reply, json_reply
 from promptsched.errors import SchemaMismatch
@@ -24,20 +24,25 @@ log = structlog.get_logger("api")
 
 
 async def preview(call: Call) -> web.StreamResponse:
-    """The next fire times, by the code path the scheduler uses; nothing is stored."""
+    """The next fire times, by the code path the scheduler uses; nothing is stored. The math
+    runs off the event loop (bounded work, see docs/scheduling.md)."""
     p = call.params
     options = {"dst_gap": p["dst_gap"], "dst_fold": p["dst_fold"]}
-    if p["kind"] is not None:
-        parsed = spec.parse(p["kind"], p["expression"], p["timezone"], **options)
-    else:
-        parsed = spec.parse_line(p["expression"], p["timezone"], **options)
     start = (
         validate.instant(p["from"], "from")
         if p["from"] is not None
         else await service.db_now(call.deps.pool, call.deps.clock)
     )
+
+    def compute() -> tuple[spec.Spec, list[datetime]]:
+        if p["kind"] is not None:
+            parsed = spec.parse(p["kind"], p["expression"], p["timezone"], **options)
+        else:
+            parsed = spec.parse_line(p["expression"], p["timezone"], **options)
+        return parsed, service.preview(parsed, start, p["count"])
+
+    parsed, times = await offload.run(compute)
     zone = spec.load_zone(parsed.timezone)
-    times = service.preview(parsed, start, p["count"])
     return json_reply(
         {
             "kind": parsed.kind,

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import service
+from promptsched import offload, service
 from promptsched.api import views
 from promptsched.api.http import (
     CURSOR,
@@ -29,20 +29,35 @@ def schedule_reply(row: Any, status: int = 200, *, reveal_secret: bool = False) 
     return json_reply(data, status=status, headers={"ETag": views.etag(row)})
 
 
+async def schedule_reply_off_loop(
+    row: Any, status: int = 200, *, reveal_secret: bool = False
+) -> web.Response:
+    """``schedule_reply``, its next fire times computed off the event loop."""
+    data = await offload.run(
+        lambda: views.schedule(row, with_next=True, reveal_secret=reveal_secret)
+    )
+    return json_reply(data, status=status, headers={"ETag": views.etag(row)})
+
+
 async def create(call: Call) -> web.StreamResponse:
     deps = call.deps
-    values = service.validate(
-        call.body,
-        providers=deps.providers,
-        provider_kinds=deps.provider_kinds,
-        webhook_allow=deps.webhook_allow,
-        tools=deps.tool_catalog(),
+    tools = deps.tool_catalog()
+    values = await offload.run(
+        lambda: service.validate(
+            call.body,
+            providers=deps.providers,
+            provider_kinds=deps.provider_kinds,
+            webhook_allow=deps.webhook_allow,
+            tools=tools,
+        )
     )
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await service.create_schedule(
             conn, deps.clock, values, owner=call.who.owner, actor=call.who.actor
         )
-    return schedule_reply(row, status=201, reveal_secret=True)  # the webhook secret, once
+    return await schedule_reply_off_loop(
+        row, status=201, reveal_secret=True
+    )  # the webhook secret, once
 
 
 async def list_(call: Call) -> web.StreamResponse:
@@ -67,7 +82,7 @@ async def get(call: Call) -> web.StreamResponse:
     row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
     if row is None:
         raise service.NotFound("schedule", call.params["id"])
-    return schedule_reply(row)
+    return await schedule_reply_off_loop(row)
 
 
 def _if_match(header: str | None) -> int | None:
@@ -110,7 +125,7 @@ async def patch(call: Call) -> web.StreamResponse:
         raise
     # A new webhook secret (set or generated) is shown in the response that made it, once.
     rotated = before is not None and views.webhook_secret(before) != views.webhook_secret(row)
-    return schedule_reply(row, reveal_secret=rotated)
+    return await schedule_reply_off_loop(row, reveal_secret=rotated)
 
 
 async def delete(call: Call) -> web.StreamResponse:
