@@ -16,6 +16,10 @@ from promptsched.schedule import spec
 from promptsched.store import migrate
 
 MAX_PREVIEW = 100
+LISTENER_DOWN = (
+    "the listener's test notification did not come back: wake-ups are lost (is LISTEN going "
+    "through a transaction pooler? set PROMPTSCHED_DIRECT_DATABASE_URL)"
+)
 
 
 async def preview(call: Call) -> web.StreamResponse:
@@ -51,9 +55,13 @@ async def healthz(call: Call) -> web.StreamResponse:
 
 
 async def readyz(call: Call) -> web.StreamResponse:
-    """Ready: not draining, the database answers, and its schema is this version's."""
+    """Ready: not draining, wake-ups arrive, the database answers, and its schema is this
+    version's."""
     if not call.deps.ready():
         return json_reply({"status": "draining"}, status=503)
+    # The listener's self-check (store/listen.py) publishes its result in this gauge.
+    if call.deps.metrics.registry.get_sample_value("promptsched_listener_healthy") == 0:
+        return json_reply({"status": "unavailable", "error": LISTENER_DOWN}, status=503)
     try:
         with anyio.fail_after(2):
             async with call.deps.pool.acquire() as conn:
