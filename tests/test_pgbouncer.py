@@ -19,7 +19,10 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
+from promptsched import cli
+from promptsched import config as configuration
 from promptsched.clock import Clock
+from promptsched.errors import ConfigError
 from promptsched.metrics import Metrics
 from promptsched.roles.stats import Stats
 from promptsched.store import listen, queries
@@ -52,6 +55,51 @@ async def pooled(bouncer: PgBouncer, dsn: str) -> AsyncIterator[asyncpg.Pool[Any
     )
     yield created
     await created.close()
+
+
+# --- the two settings -----------------------------------------------------------------------
+
+
+def test_the_pooler_settings_come_from_env_flags_and_toml(tmp_path: Path) -> None:
+    main, direct = "postgresql://u@pgbouncer:6432/db", "postgresql://u@postgres:5432/db"
+    env = {"PROMPTSCHED_DATABASE_URL": main}
+    assert configuration.load(env).direct_database_url is None  # the listener uses the main URL
+    assert configuration.load(env).statement_cache_size == 100
+    from_env = configuration.load(
+        {
+            **env,
+            "PROMPTSCHED_DIRECT_DATABASE_URL": direct,
+            "PROMPTSCHED_STATEMENT_CACHE_SIZE": "0",
+        }
+    )
+    assert (from_env.direct_database_url, from_env.statement_cache_size) == (direct, 0)
+    toml = tmp_path / "promptsched.toml"
+    toml.write_text(f'direct_database_url = "{direct}"\nstatement_cache_size = 0\n')
+    from_file = configuration.load({**env, "PROMPTSCHED_CONFIG": str(toml)})
+    assert (from_file.direct_database_url, from_file.statement_cache_size) == (direct, 0)
+    args = cli.build_parser().parse_args(
+        ["run", "--direct-database-url", direct, "--statement-cache-size", "0"]
+    )
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    from_flags = configuration.load(env, overrides)
+    assert (from_flags.direct_database_url, from_flags.statement_cache_size) == (direct, 0)
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"PROMPTSCHED_STATEMENT_CACHE_SIZE": "-1"}, "PROMPTSCHED_STATEMENT_CACHE_SIZE"),
+        ({"PROMPTSCHED_STATEMENT_CACHE_SIZE": "off"}, "PROMPTSCHED_STATEMENT_CACHE_SIZE"),
+        (
+            {"PROMPTSCHED_DIRECT_DATABASE_URL": "postgresql://x/db"},
+            "PROMPTSCHED_DIRECT_DATABASE_URL",
+        ),
+    ],
+)
+def test_bad_pooler_settings_name_the_field(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        configuration.load(env)
+    assert raised.value.field == field
 
 
 # --- statements and leadership through the pooler ------------------------------------------
