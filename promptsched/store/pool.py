@@ -18,7 +18,9 @@ Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 # one: a catalog query of 15-30 ms here. Left to the first claim, finish or tick of each new
 # pooled connection, that lookup lands in the middle of a rush. One probe of every array type
 # our queries use, when a pooled connection opens, resolves them all at once (a test keeps the
-# list complete). Dedicated connections (CLI, LISTEN) skip it: they run few statements,
+# list complete). The codecs live in this client connection and a type's OID is the same on
+# every server connection, so behind a transaction pooler one probe still serves every later
+# statement. Dedicated connections (CLI, LISTEN) skip it: they run few statements,
 # none of them in a rush.
 _ARRAY_TYPES = (
     "bigint[]",
