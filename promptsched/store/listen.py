@@ -163,6 +163,8 @@ class Listener:
         finally:
             del self._waiting[token]
         ok = arrived.is_set()
+        if not ok and conn.is_closed():
+            return None  # the connection died meanwhile: the reconnect checks again
         if not ok:
             log.error("listen.check_failed", waited=self.check_timeout, hint=_HINT)
         elif self.wakeups_ok is False:
