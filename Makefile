@@ -16,8 +16,12 @@ SUDO         := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # `make test` installs them first where apt-get exists; elsewhere those tests fail saying what
 # to install (or leave them out with PYTEST_ARGS='-m "not browser"').
 BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
+# The connection-pooler tests run a real PgBouncer in transaction mode (tests/test_pgbouncer.py);
+# `make test` installs Debian's where apt-get exists, elsewhere set PROMPTSCHED_PGBOUNCER.
+PGBOUNCER      ?= /usr/sbin/pgbouncer
+PGBOUNCER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),pgbouncer-deps)
 
-.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps
+.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps
 
 install: $(DEV_STAMP)
 
@@ -41,7 +45,7 @@ $(DEV_STAMP): $(RUN_STAMP)
 run: install-run
 	$(BIN)/promptsched run $(ARGS)
 
-test: install $(BROWSER_DEPS)
+test: install $(BROWSER_DEPS) $(PGBOUNCER_DEPS)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 browser-deps:
@@ -53,6 +57,16 @@ browser-deps:
 	echo "installing chromium and chromium-driver for the console's browser tests"; \
 	$(SUDO) apt-get update -q && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
+pgbouncer-deps:
+	@if [ -x $(PGBOUNCER) ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "pgbouncer-deps: no apt-get here: install PgBouncer and set PROMPTSCHED_PGBOUNCER" \
+	       "(docs/deploying.md)" >&2; exit 1; \
+	fi; \
+	echo "installing pgbouncer for the connection-pooler tests"; \
+	$(SUDO) apt-get update -q && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer
 
 test-fast: install
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)

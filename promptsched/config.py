@@ -25,6 +25,11 @@ SMTP_TLS = ("none", "starttls", "tls")
 @dataclass(frozen=True, slots=True)
 class Config:
     database_url: str | None = None
+    # A session connection (never a transaction pooler) for LISTEN; default: database_url.
+    direct_database_url: str | None = None
+    # asyncpg's prepared-statement cache on pooled connections; 0 for poolers without
+    # prepared-statement support (PgBouncer < 1.21 in transaction mode).
+    statement_cache_size: int = 100
     # The one embedded data directory: every command resolves the same one (default_data_dir).
     data_dir: Path = field(default_factory=lambda: default_data_dir(os.environ))
     http_host: str = "127.0.0.1"
@@ -85,12 +90,25 @@ class Config:
         unknown = sorted(set(self.roles) - set(ROLES))
         if unknown or not self.roles:
             raise ConfigError("PROMPTSCHED_ROLES", f"roles are {', '.join(ROLES)}; got {unknown}")
+        self._validate_database()
         if self.log_level not in LOG_LEVELS:
             raise ConfigError("PROMPTSCHED_LOG_LEVEL", f"one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("json", "console", "auto"):
             raise ConfigError("PROMPTSCHED_LOG_FORMAT", "json or console")
         self._validate_notifier()
         return self
+
+    def _validate_database(self) -> None:
+        if not 0 <= self.statement_cache_size <= 100_000:
+            raise ConfigError(
+                "PROMPTSCHED_STATEMENT_CACHE_SIZE",
+                "must be between 0 and 100000 (0 turns the cache off, for transaction poolers)",
+            )
+        if self.direct_database_url and not self.database_url:
+            raise ConfigError(
+                "PROMPTSCHED_DIRECT_DATABASE_URL",
+                "needs PROMPTSCHED_DATABASE_URL too (the embedded server needs neither)",
+            )
 
     def _validate_notifier(self) -> None:
         if self.smtp_tls not in SMTP_TLS:
@@ -182,6 +200,8 @@ def _toml_text(value: Any) -> str:
 
 _PARSERS: dict[str, Any] = {
     "database_url": _str,
+    "direct_database_url": _str,
+    "statement_cache_size": _int,
     "data_dir": lambda name, text: Path(text),
     "http_host": _str,
     "http_port": _int,

@@ -143,7 +143,7 @@ class Metrics:
         )
         self.stats_leader = Gauge(
             "stats_leader",
-            "1 when this replica holds the stats lock and exports the database-derived gauges",
+            "1 when this replica leads the stats duty and exports the database-derived gauges",
             namespace=ns,
             registry=registry,
         )
@@ -205,3 +205,21 @@ class Metrics:
             buckets=_LOOP_BUCKETS,
             registry=registry,
         )
+        # The listener's self-check (store/listen.py): a test NOTIFY sent through the pool must
+        # come back on the LISTEN connection, or wake-ups are silently lost.
+        self.listener_checks = Counter(
+            "listener_checks",
+            "Listener self-checks by result (ok: the test notification arrived; lost: it did "
+            "not within the timeout, so wake-ups are not arriving)",
+            ["result"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.listener_healthy = Gauge(
+            "listener_healthy",
+            "0 while the listener's last self-check notification did not arrive (wake-ups are "
+            "lost and the replica reports not ready), else 1",
+            namespace=ns,
+            registry=registry,
+        )
+        self.listener_healthy.set(1)

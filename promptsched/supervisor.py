@@ -63,7 +63,10 @@ class Supervisor:
         # of a rush open (and their types resolved) through idle hours, so the 9 o'clock rush
         # does not open them first.
         pool = await pools.create_pool(
-            self.dsn, min_size=4, max_size=max(4, min(config.workers + 4, 40))
+            self.dsn,
+            min_size=4,
+            max_size=max(4, min(config.workers + 4, 40)),
+            statement_cache_size=config.statement_cache_size,
         )
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
@@ -145,7 +148,7 @@ class Supervisor:
         if roles & {"worker", "api"}:
             await tg.start(self.tools.run)  # MCP servers connected before runs or checks use them
         if handlers:
-            await tg.start(listen.Listener(self.dsn, handlers).run)
+            await tg.start(self._listener(pool, handlers).run)
         if "scheduler" in roles:
             await tg.start(scheduler.run)
         if self.worker is not None:
@@ -165,9 +168,9 @@ class Supervisor:
                 retention = Retention(pool, self.clock, self.metrics, retention=config.retention)
                 await tg.start(retention.run)
         if "api" in roles:
-            # Every replica serving /metrics competes for the stats lock; only the holder reads
+            # Every replica serving /metrics competes for the stats duty; only the leader reads
             # the queue gauges from the database (roles/stats.py).
-            await tg.start(Stats(self.dsn, self.clock, self.metrics).run)
+            await tg.start(Stats(pool, self.clock, self.metrics, holder=self.worker_id).run)
             app = api_app.build(
                 pool,
                 self.metrics,
@@ -181,6 +184,20 @@ class Supervisor:
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)
+
+    def _listener(
+        self, pool: asyncpg.Pool[Any], handlers: dict[str, Callable[[str | None], None]]
+    ) -> listen.Listener:
+        """LISTEN needs a session: the direct URL when the main one is a transaction pooler.
+        Its self-check sends through the pool, the way every wake-up is sent."""
+        checks, healthy = self.metrics.listener_checks, self.metrics.listener_healthy
+
+        def on_check(ok: bool) -> None:
+            checks.labels("ok" if ok else "lost").inc()
+            healthy.set(1 if ok else 0)
+
+        direct = self.config.direct_database_url or self.dsn
+        return listen.Listener(direct, handlers, check_db=pool, on_check=on_check)
 
     def _notifier(self, pool: asyncpg.Pool[Any]) -> Notifier:
         config = self.config

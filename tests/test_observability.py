@@ -3,10 +3,11 @@ counters moving by the right amount in a real multi-process scenario."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,13 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
+def _async(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return predicate()
+
+    return check
+
+
 def _series(metrics: Metrics, name: str) -> list[dict[str, str]]:
     return [
         sample.labels
@@ -60,7 +68,7 @@ async def _running_run(pool: asyncpg.Pool[Any], schedule_id: int, lease_left: ti
     return rid
 
 
-async def test_only_the_lock_holder_exports_the_queue_gauges_and_another_takes_over(
+async def test_only_the_leader_exports_the_queue_gauges_and_another_takes_over(
     dsn: str, pool: asyncpg.Pool[Any]
 ) -> None:
     clock = FrozenClock(EPOCH)
@@ -70,7 +78,7 @@ async def test_only_the_lock_holder_exports_the_queue_gauges_and_another_takes_o
     await factories.pending_run(pool, sid, EPOCH + timedelta(seconds=60))  # a retry in backoff
     await _running_run(pool, sid, timedelta(seconds=-1))  # its worker vanished
     await _running_run(pool, sid, timedelta(seconds=20))
-    first, second = Stats(dsn, clock, Metrics()), Stats(dsn, clock, Metrics())
+    first, second = Stats(pool, clock, Metrics()), Stats(pool, clock, Metrics())
     try:
         assert await first.run_once() is True
         assert await second.run_once() is False
@@ -87,7 +95,7 @@ async def test_only_the_lock_holder_exports_the_queue_gauges_and_another_takes_o
             assert _series(second.metrics, name) == []
         assert _series(second.metrics, "promptsched_oldest_pending_age_seconds") == []
         assert _value(second.metrics, "promptsched_stats_leader") == 0
-        # The leader goes away (its session closes): the next try of the other one wins.
+        # The leader stops (and steps down): the next try of the other one wins.
         await first.close()
         assert _series(first.metrics, "promptsched_queue_depth") == []
         await wait_until(second.run_once, timeout=5, what="the other replica to lead")
@@ -98,24 +106,67 @@ async def test_only_the_lock_holder_exports_the_queue_gauges_and_another_takes_o
         await second.close()
 
 
-async def test_a_killed_leader_session_frees_the_lock(dsn: str, pool: asyncpg.Pool[Any]) -> None:
+async def test_a_leader_that_stops_renewing_loses_the_duty_when_its_term_expires(
+    pool: asyncpg.Pool[Any],
+) -> None:
     clock = FrozenClock(EPOCH)
-    first, second = Stats(dsn, clock, Metrics()), Stats(dsn, clock, Metrics())
+    term = timedelta(seconds=15)
+    first, second = (Stats(pool, clock, Metrics(), term=term) for _ in range(2))
     try:
         assert await first.run_once() is True
-        await pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 'promptsched-stats' AND datname = current_database()"
-        )
-        # The server frees the lock when the killed backend has exited.
-        await wait_until(second.run_once, timeout=5, what="the other replica to lead")
-        # The old leader finds its session gone, reconnects, loses, and stops exporting.
+        # The first one freezes (no renewal, no clean stop): its term runs on Postgres's clock.
+        clock.advance(term - timedelta(milliseconds=1))
+        assert await second.run_once() is False
+        clock.advance(timedelta(milliseconds=1))
+        assert await second.run_once() is True
+        assert _value(second.metrics, "promptsched_stats_leader") == 1
+        # The old leader's renewal finds the duty taken: it stops exporting.
         assert await first.run_once() is False
         assert _series(first.metrics, "promptsched_queue_depth") == []
         assert _value(first.metrics, "promptsched_stats_leader") == 0
+        row = await pool.fetchrow("SELECT holder, term FROM leaders WHERE name = 'stats'")
+        assert row is not None and (row["holder"], row["term"]) == (second.holder, 2)
     finally:
         await first.close()
         await second.close()
+
+
+async def test_replicas_racing_for_a_free_duty_elect_exactly_one(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = FrozenClock(EPOCH)
+    for round_ in range(5):
+        replicas = [Stats(pool, clock, Metrics()) for _ in range(8)]
+        try:
+            won = await asyncio.gather(*(replica.run_once() for replica in replicas))
+            assert sum(won) == 1, (round_, won)
+            leaders = [r.holder for r in replicas if r.leader]
+            held = await pool.fetchval("SELECT holder FROM leaders WHERE name = 'stats'")
+            assert leaders == [held]
+        finally:
+            for replica in replicas:
+                await replica.close()
+        assert await pool.fetchval("SELECT count(*) FROM leaders") == 0  # a stop steps down
+
+
+async def test_a_leader_whose_local_term_ran_out_stops_saying_it_leads(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # Its belief is bounded by its own monotonic deadline, not only by the next renewal, so a
+    # replica frozen past its term does not report itself leader beside the new one.
+    stats = Stats(pool, FrozenClock(EPOCH), Metrics(), interval=timedelta(milliseconds=50),
+                  term=timedelta(milliseconds=200))  # fmt: skip
+    try:
+        assert await stats.run_once() is True
+        assert _value(stats.metrics, "promptsched_stats_leader") == 1
+        await wait_until(
+            _async(lambda: _value(stats.metrics, "promptsched_stats_leader") == 0),
+            timeout=5,
+            what="the local term to run out",
+        )
+        assert stats.leader is False
+    finally:
+        await stats.close()
 
 
 async def test_outbox_depth_counts_undelivered_notifications(
@@ -132,7 +183,7 @@ async def test_outbox_depth_counts_undelivered_notifications(
         sid,
         statuses,
     )
-    stats = Stats(dsn, FrozenClock(EPOCH), Metrics())
+    stats = Stats(pool, FrozenClock(EPOCH), Metrics())
     try:
         assert await stats.run_once() is True
         assert _value(stats.metrics, "promptsched_outbox_depth", status="pending") == 2

@@ -1,8 +1,10 @@
-"""The stats role owns the database-derived gauges: the one replica holding an advisory lock
+"""The stats role owns the database-derived gauges: the one replica leading the ``stats`` duty
 reads queue depth, oldest pending age, stuck runs and outbox depth for the whole fleet."""
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -15,13 +17,11 @@ from anyio.abc import TaskStatus
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
-from promptsched.store import pool as pools
 from promptsched.store import queries
 
 log = structlog.get_logger("stats")
 
-# pg_try_advisory_lock key of the stats leader ("psstats" in ASCII).
-LOCK_KEY = 0x70_73_73_74_61_74_73
+DUTY = "stats"
 
 QUEUE_STATUSES = ("pending", "scheduled", "running")
 STUCK_REASONS = ("lease_expired", "deadline_passed")
@@ -29,83 +29,106 @@ OUTBOX_STATUSES = ("pending", "sending", "dead")
 
 
 class Stats:
-    """Every ``interval``, the leader refreshes the gauges; other replicas try to take the lock
-    and otherwise export no series for those gauges, so N replicas cost one replica's queries.
+    """Every ``interval``, the leader renews its term and refreshes the gauges; the other
+    replicas try to take the duty and otherwise export no series for those gauges, so N
+    replicas cost one replica's queries.
 
-    The lock lives on a dedicated session (never a pooled connection, whose reset would drop
-    it), so a crashed leader's lock goes with its connection. The session also gets an
-    ``idle_session_timeout``: a frozen leader stops querying and the server ends its session.
+    Leadership is a row in ``leaders`` with an expiry of Postgres's clock, taken and renewed
+    by one statement on a pooled connection (docs/deploying.md says why not a session lock):
+    it works through a transaction pooler, and a leader that crashed or froze loses the duty
+    when its ``term`` runs out without a renewal. The leader believes in its term only until
+    ``term`` after it sent the renewal (a local monotonic deadline, never compared with a
+    database time); the database's expiry is ``term`` after the renewal arrived, later still.
+    So a replica stops calling itself leader before another can take over: never two at once.
     """
 
     def __init__(
         self,
-        dsn: str,
+        pool: asyncpg.Pool[Any],
         clock: Clock,
         metrics: Metrics,
         *,
+        holder: str = "promptsched",
         interval: timedelta = timedelta(seconds=5),
+        term: timedelta = timedelta(seconds=15),
         query_timeout: timedelta = timedelta(seconds=10),
     ) -> None:
-        self.dsn = dsn
+        if term <= interval:
+            raise ValueError("the term must outlast the renewal interval")
+        self.pool = pool
         self.clock = clock
         self.metrics = metrics
+        # Unique per process lifetime: a restarted replica never renews its predecessor's term.
+        self.holder = f"{holder}/{secrets.token_hex(4)}"
         self.interval = interval
+        self.term = term
         self.query_timeout = query_timeout
         self.wakeup = Wakeup()
-        self.leader = False
-        self._conn: asyncpg.Connection[Any] | None = None
+        self._term_number: int | None = None
+        self._believe_until = 0.0  # time.monotonic() deadline of the current term
+        self._acquired = False  # ever led: a stop releases the row
         self._clear()
+        # Read at scrape time, so a replica whose term ran out (frozen, or its renewals
+        # failing) stops saying it leads even before its next tick.
+        metrics.stats_leader.set_function(lambda: 1.0 if self.leader else 0.0)
+
+    @property
+    def leader(self) -> bool:
+        return self._term_number is not None and time.monotonic() < self._believe_until
 
     async def run_once(self) -> bool:
-        """Take the lock if free and, as leader, refresh the gauges; True while leader."""
+        """Take or renew the duty and, as leader, refresh the gauges; True while leader."""
+        sent = time.monotonic()
         try:
             with anyio.fail_after(self.query_timeout.total_seconds()):
-                conn = await self._connection()
-                if not self.leader:
-                    self.leader = await queries.stats_leader_try(conn, LOCK_KEY)
-                    if self.leader:
-                        log.info("stats.leader_acquired")
-                if self.leader:
-                    await self._refresh(conn)
-                else:
-                    self._clear()
+                number = await queries.leader_acquire(
+                    self.pool, DUTY, self.holder, self.term, self.clock.sql_now()
+                )
+                if number is None:
+                    self._step_down("taken")
+                    return False
+                if number != self._term_number:
+                    log.info("stats.leader_acquired", holder=self.holder, term=number)
+                self._term_number, self._acquired = number, True
+                self._believe_until = sent + self.term.total_seconds()
+                await self._refresh()
             return self.leader
+        except Exception:
+            # A renewal that failed may let the term run out: stop exporting now.
+            self._step_down("error")
+            raise
         except BaseException:
-            # Whatever happened to the session, the lock may be gone with it: start over.
-            with anyio.CancelScope(shield=True):
-                await self.close()
+            self._step_down(None)
             raise
 
     async def close(self) -> None:
-        """Close the session (releasing the lock) and stop exporting the gauges."""
-        if self.leader:
-            log.info("stats.leader_released")
-        self.leader = False
+        """Step down (releasing the duty for another replica at once) and stop exporting."""
+        self._step_down(None)
+        if not self._acquired:
+            return
+        self._acquired = False
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            try:
+                await queries.leader_release(self.pool, DUTY, self.holder)
+            except Exception as exc:  # the term then simply runs out
+                log.warning("stats.release_failed", holder=self.holder, error=repr(exc))
+            else:
+                log.info("stats.leader_released", holder=self.holder)
+
+    def _step_down(self, reason: str | None) -> None:
+        if self._term_number is not None and reason is not None:
+            log.warning("stats.leader_lost", holder=self.holder, reason=reason)
+        self._term_number = None
         self._clear()
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            with anyio.move_on_after(5):
-                await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
 
-    async def _connection(self) -> asyncpg.Connection[Any]:
-        if self._conn is None or self._conn.is_closed():
-            if self.leader:
-                log.warning("stats.leader_lost", reason="session closed")
-            self.leader = False
-            self._clear()
-            self._conn = await pools.connect(self.dsn, application_name="promptsched-stats")
-            idle = max(timedelta(seconds=30), self.interval * 6)
-            await queries.stats_session_setup(self._conn, idle)
-        return self._conn
-
-    async def _refresh(self, conn: asyncpg.Connection[Any]) -> None:
+    async def _refresh(self) -> None:
         now = self.clock.sql_now()
-        depth = await queries.stats_queue_depth(conn, now)
-        oldest = await queries.stats_oldest_pending(conn, now)
-        outbox = await queries.stats_outbox_depth(conn)
-        self._publish(depth, oldest, outbox)
+        async with self.pool.acquire() as conn:
+            depth = await queries.stats_queue_depth(conn, now)
+            oldest = await queries.stats_oldest_pending(conn, now)
+            outbox = await queries.stats_outbox_depth(conn)
+        if self.leader:  # still within the term after the queries
+            self._publish(depth, oldest, outbox)
 
     def _publish(
         self,
@@ -125,7 +148,6 @@ class Stats:
         counted = {row["status"]: row["count"] for row in outbox}
         for status in OUTBOX_STATUSES:
             metrics.outbox_depth.labels(status).set(counted.get(status, 0))
-        metrics.stats_leader.set(1)
 
     def _clear(self) -> None:
         metrics = self.metrics
@@ -136,7 +158,6 @@ class Stats:
             metrics.outbox_depth,
         ):
             gauge.clear()
-        metrics.stats_leader.set(0)
 
     async def _tick(self) -> float:
         await self.run_once()

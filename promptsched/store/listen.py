@@ -1,7 +1,11 @@
-"""LISTEN on a dedicated connection that reconnects by itself, turning NOTIFY into wake-ups."""
+"""LISTEN on a dedicated connection that reconnects by itself, turning NOTIFY into wake-ups,
+and checks that they arrive."""
 
 from __future__ import annotations
 
+import itertools
+import secrets
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,6 +15,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.store import pool as pools
+from promptsched.store import queries
 
 log = structlog.get_logger("listen")
 
@@ -18,18 +23,61 @@ CHANNEL_SCHEDULES = "promptsched_schedules"
 CHANNEL_RUNS = "promptsched_runs"
 CHANNEL_OUTBOX = "promptsched_outbox"
 CHANNEL_PROGRESS = "promptsched_progress"
+# The self-check's channel (store/sql/queries/listen.sql sends on it).
+CHANNEL_CHECK = "promptsched_listen_check"
+
+_HINT = (
+    "wake-ups are not arriving, so runs start only when the roles poll: LISTEN must run on a "
+    "session connection, not through a transaction pooler (set PROMPTSCHED_DIRECT_DATABASE_URL)"
+)
 
 
 class Listener:
     """Calls ``handlers[channel](payload)`` for each notification. After a reconnect every
-    handler is called with ``None``, since notifications sent meanwhile were lost."""
+    handler is called with ``None``, since notifications sent meanwhile were lost.
 
-    def __init__(self, dsn: str, handlers: Mapping[str, Callable[[str | None], None]]) -> None:
+    The self-check: after subscribing, and every ``check_interval`` seconds, a test NOTIFY is
+    sent through ``check_db`` (the pool every producer uses; without it, this connection) and
+    must arrive here within ``check_timeout``. A LISTEN that went through a transaction pooler
+    subscribes a server connection the pooler hands to other clients, and its notifications are
+    dropped without an error anywhere: only a round trip shows it. ``wakeups_ok`` is the last
+    result (None before the first), ``on_check`` hears each one.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        handlers: Mapping[str, Callable[[str | None], None]],
+        *,
+        check_db: queries.DB | None = None,
+        on_check: Callable[[bool], None] | None = None,
+        check_interval: float = 30.0,
+        check_timeout: float = 5.0,
+    ) -> None:
         self.dsn = dsn
         self.handlers = dict(handlers)
         self.connected = False
+        self.check_db = check_db
+        self.on_check = on_check
+        self.check_interval = check_interval
+        self.check_timeout = check_timeout
+        self.wakeups_ok: bool | None = None
+        # Every replica hears every replica's checks: each waits only for its own tokens.
+        self._prefix = secrets.token_hex(8)
+        self._numbers = itertools.count(1)
+        self._waiting: dict[str, anyio.Event] = {}
+
+    @property
+    def healthy(self) -> bool:
+        """Subscribed, and the last self-check (if any yet) came back."""
+        return self.connected and self.wakeups_ok is not False
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        if channel == CHANNEL_CHECK:
+            arrived = self._waiting.get(str(payload))
+            if arrived is not None:
+                arrived.set()
+            return
         handler = self.handlers.get(channel)
         if handler is not None:
             handler(str(payload))
@@ -50,7 +98,7 @@ class Listener:
                 continue
             try:
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                for channel in self.handlers:
+                for channel in (*self.handlers, CHANNEL_CHECK):
                     await conn.add_listener(channel, self._on_notify)
                 self.connected = True
                 if failures:
@@ -58,6 +106,9 @@ class Listener:
                     for handler in self.handlers.values():
                         handler(None)
                 failures = 0
+                # Before "started": a replica is ready only once wake-ups are known to arrive
+                # (or known not to, which it then reports).
+                await self.check(conn)
                 if not started:
                     started = True
                     task_status.started()
@@ -77,8 +128,9 @@ class Listener:
 
     async def _watch(self, conn: asyncpg.Connection[Any], lost: anyio.Event) -> None:
         # A silent network cut would never fire the termination listener: probe now and then.
+        next_check = time.monotonic() + self.check_interval
         while not lost.is_set():
-            with anyio.move_on_after(5):
+            with anyio.move_on_after(min(5.0, max(0.0, next_check - time.monotonic()))):
                 await lost.wait()
             if lost.is_set():
                 break
@@ -87,7 +139,42 @@ class Listener:
                     await conn.execute("SELECT 1")
             except Exception:  # whatever asyncpg raises, the session is gone
                 break
+            if time.monotonic() >= next_check:
+                await self.check(conn)
+                next_check = time.monotonic() + self.check_interval
         log.warning("listen.connection_lost")
+
+    async def check(self, conn: asyncpg.Connection[Any]) -> bool | None:
+        """Send a test notification and wait for it on ``conn``; None when it could not be
+        sent (the database is unreachable: the other roles report that)."""
+        token = f"{self._prefix}:{next(self._numbers)}"
+        arrived = self._waiting[token] = anyio.Event()
+        started = time.monotonic()
+        try:
+            try:
+                with anyio.fail_after(self.check_timeout):
+                    target = conn if self.check_db is None else self.check_db
+                    await queries.listen_check_notify(target, token)
+            except Exception as exc:  # a send that failed tells nothing about LISTEN
+                log.warning("listen.check_not_sent", error=repr(exc))
+                return None
+            with anyio.move_on_after(self.check_timeout):
+                await arrived.wait()
+        finally:
+            del self._waiting[token]
+        ok = arrived.is_set()
+        if not ok and conn.is_closed():
+            return None  # the connection died meanwhile: the reconnect checks again
+        if not ok:
+            log.error("listen.check_failed", waited=self.check_timeout, hint=_HINT)
+        elif self.wakeups_ok is False:
+            log.info("listen.check_recovered")
+        else:
+            log.debug("listen.check_ok", seconds=round(time.monotonic() - started, 4))
+        self.wakeups_ok = ok
+        if self.on_check is not None:
+            self.on_check(ok)
+        return ok
 
 
 async def _close(conn: asyncpg.Connection[Any]) -> None:

@@ -18,7 +18,9 @@ Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 # one: a catalog query of 15-30 ms here. Left to the first claim, finish or tick of each new
 # pooled connection, that lookup lands in the middle of a rush. One probe of every array type
 # our queries use, when a pooled connection opens, resolves them all at once (a test keeps the
-# list complete). Dedicated connections (CLI, LISTEN, stats) skip it: they run few statements,
+# list complete). The codecs live in this client connection and a type's OID is the same on
+# every server connection, so behind a transaction pooler one probe still serves every later
+# statement. Dedicated connections (CLI, LISTEN) skip it: they run few statements,
 # none of them in a rush.
 _ARRAY_TYPES = (
     "bigint[]",
@@ -41,23 +43,38 @@ async def _init(conn: asyncpg.Connection[Any]) -> None:
 
 
 async def _init_pooled(conn: asyncpg.Connection[Any]) -> None:
-    await _init(conn)
-    await conn.fetchrow(_PROBE)
+    # One transaction, so that through a transaction pooler (PgBouncer) the probe runs on one
+    # server connection: asyncpg's type lookup turns `jit` off with a session-level
+    # set_config and back on afterwards, and split over two server connections that would
+    # leave one of them changed for its next client.
+    async with conn.transaction():
+        await _init(conn)
+        await conn.fetchrow(_PROBE)
 
 
 async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
     """Pooled connections carry no session state of ours (no SET, LISTEN or session advisory
-    locks: those live on dedicated connections), so the default reset query, a round trip on
+    lock: LISTEN lives on its own connection, leadership is a row), so they can go through a
+    transaction pooler, and the default reset query, a round trip on
     every release, buys nothing. asyncpg still rolls back a transaction left open."""
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "promptsched"
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    application_name: str = "promptsched",
+    statement_cache_size: int = 100,
 ) -> asyncpg.Pool[Any]:
+    """``statement_cache_size=0`` makes asyncpg use only unnamed statements, parsed again with
+    every execution (Parse, Bind and Execute in one round trip), which is what a transaction
+    pooler without prepared-statement support (PgBouncer < 1.21) can pass through."""
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
+        statement_cache_size=statement_cache_size,
         init=_init_pooled,
         reset=_no_session_reset,
         server_settings={"application_name": application_name},
@@ -70,8 +87,13 @@ async def create_pool(
 
 
 async def connect(dsn: str, *, application_name: str = "promptsched") -> asyncpg.Connection[Any]:
+    """A dedicated connection (CLI, LISTEN). It caches no prepared statement: it runs a
+    handful, and the CLI's may go through a transaction pooler that cannot keep them."""
     conn: asyncpg.Connection[Any] = await asyncpg.connect(
-        dsn, timeout=10, server_settings={"application_name": application_name}
+        dsn,
+        timeout=10,
+        statement_cache_size=0,
+        server_settings={"application_name": application_name},
     )
     await _init(conn)
     return conn

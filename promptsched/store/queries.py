@@ -313,17 +313,27 @@ async def clock_now(db: DB, now: datetime | None) -> datetime:
     return value
 
 
+# --- listen ---------------------------------------------------------------------------------
+
+
+async def listen_check_notify(db: DB, token: str) -> None:
+    await db.execute(_Q["listen_check_notify"], token)
+
+
 # --- stats ----------------------------------------------------------------------------------
 
 
-async def stats_leader_try(db: DB, key: int) -> bool:
-    """True when this session holds (or just took) the stats leader's advisory lock."""
-    held: bool = await db.fetchval(_Q["stats_leader_try"], key)
-    return held
+async def leader_acquire(
+    db: DB, name: str, holder: str, ttl: timedelta, now: datetime | None
+) -> int | None:
+    """Take or renew duty ``name`` for ``holder`` until now + ``ttl``; the term number when
+    ``holder`` leads, None while another holder's term has not expired."""
+    number: int | None = await db.fetchval(_Q["leader_acquire"], name, holder, ttl, now)
+    return number
 
 
-async def stats_session_setup(db: DB, idle_timeout: timedelta) -> None:
-    await db.execute(_Q["stats_session_setup"], idle_timeout)
+async def leader_release(db: DB, name: str, holder: str) -> None:
+    await db.execute(_Q["leader_release"], name, holder)
 
 
 async def stats_queue_depth(db: DB, now: datetime | None) -> Record:

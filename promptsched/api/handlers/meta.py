@@ -22,6 +22,11 @@ READY_TIMEOUT = 2  # seconds
 
 log = structlog.get_logger("api")
 
+LISTENER_DOWN = (
+    "the listener's test notification did not come back: wake-ups are lost (is LISTEN going "
+    "through a transaction pooler? set PROMPTSCHED_DIRECT_DATABASE_URL)"
+)
+
 
 async def preview(call: Call) -> web.StreamResponse:
     """The next fire times, by the code path the scheduler uses; nothing is stored. The math
@@ -61,9 +66,13 @@ async def healthz(call: Call) -> web.StreamResponse:
 
 
 async def readyz(call: Call) -> web.StreamResponse:
-    """Ready: not draining, the database answers, and its schema is this version's."""
+    """Ready: not draining, wake-ups arrive, the database answers, and its schema is this
+    version's."""
     if not call.deps.ready():
         return json_reply({"status": "draining"}, status=503)
+    # The listener's self-check (store/listen.py) publishes its result in this gauge.
+    if call.deps.metrics.registry.get_sample_value("promptsched_listener_healthy") == 0:
+        return json_reply({"status": "unavailable", "error": LISTENER_DOWN}, status=503)
     try:
         with anyio.fail_after(READY_TIMEOUT):
             async with call.deps.pool.acquire() as conn:

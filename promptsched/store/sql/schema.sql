@@ -18,6 +18,15 @@ ALTER TABLE public.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.leaders (
+    name text NOT NULL,
+    holder text NOT NULL,
+    term bigint DEFAULT 1 NOT NULL,
+    acquired_at timestamp with time zone NOT NULL,
+    renewed_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT leaders_expiry_after_renewal CHECK ((expires_at > renewed_at))
+);
 CREATE TABLE public.schedules (
     id bigint NOT NULL,
     owner text DEFAULT 'default'::text NOT NULL,
@@ -198,6 +207,8 @@ ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
+ALTER TABLE ONLY public.leaders
+    ADD CONSTRAINT leaders_pkey PRIMARY KEY (name);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_idempotency_key_key UNIQUE (idempotency_key);
 ALTER TABLE ONLY public.outbox

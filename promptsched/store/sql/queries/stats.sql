@@ -1,15 +1,25 @@
--- name: stats_leader_try
--- A session-level advisory lock on the stats role's own connection: the replica holding it
--- reads the queue gauges for everyone. It is released when that connection closes (a crash
--- included), so another replica takes over at its next try.
-SELECT pg_try_advisory_lock($1::bigint);
+-- name: leader_acquire
+-- Take duty $1 for holder $2 until now + $3 when nobody holds it or the holder's term has
+-- expired, or renew it when $2 holds it already; a row back means $2 leads. One statement,
+-- so it is correct through any pooler: when two replicas race for a free or expired row,
+-- the second waits on the first's row lock and then re-checks the WHERE against the row the
+-- first wrote, whose fresh expiry makes it fail.
+INSERT INTO leaders AS l (name, holder, acquired_at, renewed_at, expires_at)
+VALUES ($1, $2, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()),
+        coalesce($4::timestamptz, now()) + $3::interval)
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder,
+    term = CASE WHEN l.holder = excluded.holder THEN l.term ELSE l.term + 1 END,
+    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at
+                       ELSE excluded.acquired_at END,
+    renewed_at = excluded.renewed_at,
+    expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at <= excluded.renewed_at
+RETURNING term;
 
--- name: stats_session_setup
--- The stats session ends itself when idle this long (milliseconds; Postgres 14+), so a frozen
--- leader's lock is freed for another replica.
-SELECT set_config('idle_session_timeout',
-                  (extract(epoch FROM $1::interval) * 1000)::bigint::text, false)
-WHERE current_setting('server_version_num')::int >= 140000;
+-- name: leader_release
+-- Step down at once (a clean stop), so another replica need not wait for the expiry.
+DELETE FROM leaders WHERE name = $1 AND holder = $2;
 
 -- name: stats_queue_depth
 -- Every count reads only unfinished rows: pending through runs_claim_idx (it holds
