@@ -146,8 +146,12 @@ async def schedule_resume(db: DB, schedule_id: int, owner: str | None) -> Record
     return await db.fetchrow(_Q["schedule_resume"], schedule_id, owner)
 
 
-async def schedule_pause_if_failing(db: DB, schedule_id: int) -> Record | None:
-    return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id)
+async def schedule_pause_if_failing(
+    db: DB, schedule_id: int, run_id: int, now: datetime | None
+) -> Record | None:
+    """Pause, history row and the owner's "paused" messages in one statement; None when the
+    schedule is not failing (nothing was written)."""
+    return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id, run_id, now)
 
 
 async def schedule_pause_unplannable(db: DB, schedule_ids: Sequence[int], reason: str) -> int:
@@ -464,11 +468,6 @@ async def run_insert_replay(
 
 async def run_get_replay(db: DB, run_id: int) -> Record | None:
     return await db.fetchrow(_Q["run_get_replay"], run_id)
-
-
-async def outbox_insert_paused(db: DB, run_id: int, schedule_id: int, now: datetime | None) -> int:
-    count: int = await db.fetchval(_Q["outbox_insert_paused"], run_id, schedule_id, now)
-    return count
 
 
 # --- console --------------------------------------------------------------------------------

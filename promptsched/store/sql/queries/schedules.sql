@@ -170,18 +170,45 @@ WHERE id = $1 AND ($2::text IS NULL OR owner = $2)
 RETURNING *;
 
 -- name: schedule_pause_if_failing
--- Pause a schedule whose last pause_after_failures finished runs all went dead.
-UPDATE schedules s
-SET enabled = false, paused_until = NULL, version = version + 1, updated_at = now(),
-    pause_reason = format('paused after %s consecutive dead runs', s.pause_after_failures)
-WHERE s.id = $1 AND s.enabled AND s.pause_after_failures IS NOT NULL
-  AND s.pause_after_failures = (
-      SELECT count(*) FILTER (WHERE recent.status = 'dead') FROM (
-          SELECT status FROM runs
-          WHERE schedule_id = s.id AND status IN ('succeeded', 'dead')
-          ORDER BY finished_at DESC
-          LIMIT s.pause_after_failures) recent)
-RETURNING id, owner, pause_reason;
+-- Pause a schedule whose last pause_after_failures finished runs all went dead, with its
+-- history row and the "paused" message owed to the owner on the failure channels (keyed by
+-- the run $2 that tipped it over), in one statement: all three land or none does. NOTIFY is
+-- delivered at commit.
+WITH paused AS (
+    UPDATE schedules s
+    SET enabled = false, paused_until = NULL, version = version + 1,
+        updated_at = coalesce($3::timestamptz, now()),
+        pause_reason = format('paused after %s consecutive dead runs', s.pause_after_failures)
+    WHERE s.id = $1 AND s.enabled AND s.pause_after_failures IS NOT NULL
+      AND s.pause_after_failures = (
+          SELECT count(*) FILTER (WHERE recent.status = 'dead') FROM (
+              SELECT status FROM runs
+              WHERE schedule_id = s.id AND status IN ('succeeded', 'dead')
+              ORDER BY finished_at DESC
+              LIMIT s.pause_after_failures) recent)
+    RETURNING id, owner, pause_reason
+), logged AS (
+    INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes, at)
+    SELECT id, owner, 'promptsched', 'auto_pause', jsonb_build_object('reason', pause_reason),
+           coalesce($3::timestamptz, now())
+    FROM paused
+    RETURNING 1
+), owed AS (
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                        available_at, created_at)
+    SELECT $2, c.schedule_id, c.channel, c.target, 'paused',
+           format('promptsched-%s-paused-%s', $2::bigint, c.channel),
+           coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now())
+    FROM paused p
+    JOIN notify_channels c ON c.schedule_id = p.id AND c.on_failure
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woke AS (
+    SELECT pg_notify('promptsched_outbox', 'paused') FROM (SELECT 1 FROM owed LIMIT 1) o
+)
+SELECT p.id, p.owner, p.pause_reason, (SELECT count(*) FROM logged)::int AS logged,
+       (SELECT count(*) FROM owed)::int AS owed, (SELECT count(*) FROM woke)::int AS woken
+FROM paused p;
 
 -- name: schedule_change_insert
 INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes)
