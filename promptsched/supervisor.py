@@ -166,6 +166,7 @@ class Supervisor:
                 allow_private_webhooks=config.allow_private_webhooks,
                 tools=self.tools.catalog,
                 progress=self.progress,
+                retention=config.retention if config.retention > timedelta(0) else None,
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

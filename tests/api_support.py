@@ -7,6 +7,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -91,8 +92,12 @@ class Api:
 
 
 @asynccontextmanager
-async def client(pool: asyncpg.Pool[Any], *, clock: Clock | None = None) -> AsyncIterator[Api]:
-    app = api_app.build(pool, Metrics(), lambda: True, clock=clock, providers=("echo",))
+async def client(
+    pool: asyncpg.Pool[Any], *, clock: Clock | None = None, retention: timedelta | None = None
+) -> AsyncIterator[Api]:
+    app = api_app.build(
+        pool, Metrics(), lambda: True, clock=clock, providers=("echo",), retention=retention
+    )
     async with TestClient(TestServer(app)) as test_client:
         yield Api(test_client, pool)
 

@@ -22,7 +22,8 @@ async def explain_slot(call: Call) -> web.StreamResponse:
         now = await service.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
         runs = await queries.run_list_for_slot(conn, schedule_id, at)
-    return json_reply(explain.explain(explain.Facts(row, at, now, changes, runs)))
+    facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)
+    return json_reply(explain.explain(facts))
 
 
 OPERATIONS = (
