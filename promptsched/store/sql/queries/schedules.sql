@@ -23,6 +23,11 @@ SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 -- look. The ids reach runs_unfinished_idx as one array: a probe per schedule whatever the
 -- statistics say (a LATERAL probe can turn into a scan per schedule under stale ones, and a
 -- join into a read of every unfinished run).
+-- Contention, as in run_claim_batch: `claimable` is how many due schedules this batch could
+-- have taken had no other scheduler held any (the due predicate read from the statement's
+-- snapshot without SKIP LOCKED), less $3, the due schedules this process's own other batches
+-- hold right now, capped at $2. The row always comes back, with NULL group columns when
+-- nothing was taken.
 WITH due AS (
     SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, misfire_policy,
            misfire_cap, misfire_grace, catchup_window, overlap_policy, jitter, provider,
@@ -39,17 +44,31 @@ WITH due AS (
       AND r.schedule_id = ANY (ARRAY(SELECT id FROM due
                                      WHERE overlap_policy NOT IN ('allow', 'buffer_all')))
     GROUP BY r.schedule_id
+), seen AS (
+    -- A full batch skips the second read (CASE reaches its ELSE InitPlan only when needed).
+    SELECT CASE WHEN (SELECT count(*) FROM due) >= $2 THEN $2::int
+                ELSE least($2, greatest(0, (SELECT count(*)::int FROM (
+                         SELECT 1 FROM schedules
+                         WHERE enabled AND next_fire_at <= coalesce($1::timestamptz, now())
+                         ORDER BY next_fire_at
+                         LIMIT $2 + $3) e) - $3))
+           END AS claimable
+), groups AS (
+    SELECT d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold, d.next_fire_at,
+           d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window,
+           d.overlap_policy, d.jitter, d.provider, d.max_attempts,
+           coalesce(b.unfinished, 0) AS unfinished, array_agg(d.id) AS ids,
+           coalesce($1::timestamptz, now()) AS db_now
+    FROM due d
+    LEFT JOIN busy b ON b.schedule_id = d.id
+    GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
+             d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window,
+             d.overlap_policy, d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0)
 )
-SELECT d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold, d.next_fire_at,
-       d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
-       d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0) AS unfinished,
-       array_agg(d.id) AS ids, coalesce($1::timestamptz, now()) AS db_now
-FROM due d
-LEFT JOIN busy b ON b.schedule_id = d.id
-GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
-         d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
-         d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0)
-ORDER BY d.next_fire_at;
+SELECT g.*, seen.claimable
+FROM seen
+LEFT JOIN groups g ON true
+ORDER BY g.next_fire_at;
 
 -- name: schedule_tick
 -- One statement writes a batch that schedule_take_due locked in this transaction. Each
