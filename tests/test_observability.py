@@ -298,6 +298,7 @@ def test_the_dashboard_covers_every_promise() -> None:
         "promptsched_retries_total",
         "promptsched_dead_letters_total",
         "promptsched_claims_total",
+        "promptsched_scheduler_batches_total",
         "promptsched_leases_lost_total",
         "promptsched_leases_reaped_total",
         "promptsched_fenced_writes_total",
