@@ -52,11 +52,11 @@ class _Recorder:
         self.conn = conn
         self.sent: list[str] = []
 
-    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> Any:
         self.sent.append(query)
         return await self.conn.fetch(query, *args, timeout=timeout)
 
-    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:
         self.sent.append(query)
         return await self.conn.fetchrow(query, *args, timeout=timeout)
 
@@ -65,12 +65,12 @@ class _Recorder:
         query: str,
         *args: Any,
         column: int = 0,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> Any:
         self.sent.append(query)
         return await self.conn.fetchval(query, *args, column=column, timeout=timeout)
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:  # noqa: ASYNC109
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         self.sent.append(query)
         result: str = await self.conn.execute(query, *args, timeout=timeout)
         return result

@@ -153,12 +153,8 @@ def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
         return "due", "the slot is due but no scheduler has enqueued it yet: is one running?", None
     if f.retention is not None and at < f.now - f.retention:
         # Beyond the horizon a missing row proves nothing: its run may have been purged.
-        return (
-            "purged",
-            f"no record: history older than the retention of {durations.format_duration(f.retention)} "
-            "was purged",
-            None,
-        )
+        kept = durations.format_duration(f.retention)
+        return "purged", f"no record: history older than the retention of {kept} was purged", None
     window = f.schedule["catchup_window"]
     hint = f" (its catchup window is {window})" if window else ""
     return (
