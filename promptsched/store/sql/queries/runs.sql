@@ -37,8 +37,13 @@ WITH candidates AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
     FROM schedules s
     WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
+    -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
+    -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
-              r.max_attempts
+              r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+              extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
+              extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
+                  AS start_lag
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
@@ -62,12 +67,9 @@ WITH candidates AS (
                           LIMIT $3) e)
            END AS claimable
 )
-SELECT c.*, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
-       extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
-       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag,
-       seen.claimable
+SELECT c.*, seen.claimable
 FROM seen
-LEFT JOIN (claimed c JOIN schedules s ON s.id = c.schedule_id) ON true;
+LEFT JOIN claimed c ON true;
 
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from
