@@ -59,7 +59,7 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
         await conn.execute("ANALYZE")
         built = time.perf_counter() - start
         await conn.execute("BEGIN")
-        due_plan, due_ms = await _plan(conn, "schedule_take_due", None, 500)
+        due_plan, due_ms = await _plan(conn, "schedule_take_due", None, 500, 0)
         claim_plan, claim_ms = await _plan(
             conn, "run_claim_batch", None, "echo", 64, "bench", timedelta(seconds=30)
         )

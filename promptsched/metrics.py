@@ -17,6 +17,8 @@ _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 # second means some request or computation held the loop and every role waited behind it.
 _LOOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+LEASE_LOSS_CAUSES = ("expired", "taken", "unreachable")
+FENCED_WRITE_KINDS = ("finish", "heartbeat", "transcript", "outbox_mark", "release")
 
 
 class Metrics:
@@ -57,17 +59,38 @@ class Metrics:
         )
         self.claims = Counter(
             "claims",
-            "Claim queries by result (claimed, empty, contended)",
+            "Claim queries by result: claimed, empty, or contended (runs it wanted and could "
+            "have taken were locked by another claimer, whatever it got besides)",
             ["result"],
             namespace=ns,
             registry=registry,
         )
+        for result in ("claimed", "empty", "contended"):
+            self.claims.labels(result)
+        self.scheduler_batches = Counter(
+            "scheduler_batches",
+            "Scheduler batches by result: taken, empty, or contended (due schedules it could "
+            "have taken were locked by another scheduler, whatever it took besides)",
+            ["result"],
+            namespace=ns,
+            registry=registry,
+        )
+        for result in ("taken", "empty", "contended"):
+            self.scheduler_batches.labels(result)
         self.leases_renewed = Counter(
             "leases_renewed", "Leases renewed by heartbeats", namespace=ns, registry=registry
         )
         self.leases_lost = Counter(
-            "leases_lost", "Heartbeats that found their lease gone", namespace=ns, registry=registry
+            "leases_lost",
+            "Attempts stopped because their lease was gone, by cause: expired (not renewed for "
+            "a lease, then taken back), taken (taken back while the lease should have held), "
+            "unreachable (heartbeats failed for a lease; stopped locally)",
+            ["cause"],
+            namespace=ns,
+            registry=registry,
         )
+        for cause in LEASE_LOSS_CAUSES:  # every series exists from the start, at 0
+            self.leases_lost.labels(cause)
         self.leases_reaped = Counter(
             "leases_reaped",
             "Expired leases the reaper took back, by outcome (retry, dead)",
@@ -80,10 +103,14 @@ class Metrics:
         )
         self.fenced_writes = Counter(
             "fenced_writes",
-            "Writes by a stale attempt that changed nothing",
+            "Writes attempted and rejected because their attempt or claim token was no longer "
+            "current, by kind (finish, heartbeat, transcript, outbox_mark, release)",
+            ["kind"],
             namespace=ns,
             registry=registry,
         )
+        for kind in FENCED_WRITE_KINDS:
+            self.fenced_writes.labels(kind)
         self.run_duration = Histogram(
             "run_duration_seconds",
             "Attempt duration by provider and outcome",

@@ -181,6 +181,7 @@ class Supervisor:
                 webhook_allow=config.webhook_allow,
                 tools=self.tools.catalog,
                 progress=self.progress,
+                retention=config.retention if config.retention > timedelta(0) else None,
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

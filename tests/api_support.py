@@ -7,6 +7,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -105,10 +106,11 @@ async def client(
     clock: Clock | None = None,
     providers: tuple[str, ...] = ("echo",),
     provider_kinds: dict[str, str] | None = None,
+    retention: timedelta | None = None,
 ) -> AsyncIterator[Api]:
     app = api_app.build(
         pool, Metrics(), lambda: True, clock=clock, providers=providers,
-        provider_kinds=provider_kinds,
+        provider_kinds=provider_kinds, retention=retention,
     )  # fmt: skip
     async with TestClient(Server(app)) as test_client:
         yield Api(test_client, pool)

@@ -11,6 +11,8 @@ import asyncpg
 import pytest
 
 from promptsched.clock import FrozenClock
+from promptsched.metrics import Metrics
+from promptsched.roles.retention import Retention
 from tests import api_support
 from tests.api_support import SCHEDULE, Api
 
@@ -180,3 +182,46 @@ async def test_bad_instants_are_422(
     sid = await _schedule(api, alice, pool)
     reply = await api.get(f"/v1/schedules/{sid}/explain", alice, params={"at": at})
     assert reply.status == 422 and reply.body["error"]["field"] == "at"
+
+
+async def test_a_slot_older_than_the_retention_is_purged_not_missed(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = FrozenClock(NOW)
+    retention = timedelta(days=30)
+    async with api_support.client(pool, clock=clock, retention=retention) as api:
+        alice = await api.token("alice")
+        sid = await _schedule(api, alice, pool)
+        long_ago = MONDAY - 60 * DAY
+        await pool.execute("UPDATE schedules SET created_at = $2 WHERE id = $1", sid, long_ago)
+        await pool.execute(
+            "UPDATE schedule_changes SET at = $2 WHERE schedule_id = $1", sid, long_ago
+        )
+        horizon = NOW - retention  # MONDAY - 23 days + 3 hours
+        old, kept, lost = MONDAY - 40 * DAY, MONDAY - 22 * DAY, MONDAY - 21 * DAY
+        await _run(pool, sid, old, "succeeded")  # finished at its slot: older than the horizon
+        await _run(pool, sid, kept, "succeeded")
+        assert old < horizon < kept < lost
+        # The retention role itself, on the same injected clock, purges what it promised to.
+        assert await Retention(pool, clock, Metrics(), retention=retention).run_once() == 1
+
+        purged = await _explain(api, alice, sid, old.isoformat())
+        assert purged["verdict"] == "purged", purged
+        assert purged["message"] == (
+            "no record: history older than the retention of 30d was purged"
+        )
+        assert purged["fire_time"] is True and purged["runs"] == []
+        # Inside the retention the ledger still explains every slot from its rows.
+        assert (await _explain(api, alice, sid, kept.isoformat()))["verdict"] == "ran"
+        assert (await _explain(api, alice, sid, lost.isoformat()))["verdict"] == "missed"
+        # A pause recorded in the change history still explains a slot beyond the horizon.
+        await _change(pool, sid, old - 2 * DAY, "pause", {"reason": "winter break"})
+        await _change(pool, sid, old + DAY, "resume", {})
+        paused = await _explain(api, alice, sid, old.isoformat())
+        assert paused["verdict"] == "paused" and "winter break" in paused["message"]
+    # The verdict follows the configured retention: under 90 days that slot is inside it.
+    async with api_support.client(pool, clock=clock, retention=timedelta(days=90)) as api:
+        alice = await api.token("alice")
+        await pool.execute("DELETE FROM schedule_changes WHERE action IN ('pause', 'resume')")
+        longer = await _explain(api, alice, sid, old.isoformat())
+        assert longer["verdict"] == "missed", longer

@@ -349,6 +349,7 @@ def test_the_dashboard_covers_every_promise() -> None:
         "promptsched_retries_total",
         "promptsched_dead_letters_total",
         "promptsched_claims_total",
+        "promptsched_scheduler_batches_total",
         "promptsched_leases_lost_total",
         "promptsched_leases_reaped_total",
         "promptsched_fenced_writes_total",
@@ -373,6 +374,33 @@ def test_the_metrics_reference_documents_every_metric() -> None:
         and f"`{collector._name + suffix[collector._type]}`" not in doc
     ]
     assert missing == [], "add them to docs/observability.md"
+
+
+def _selects(expr: str, metric: str, labels: dict[str, str]) -> bool:
+    """Whether every selector of ``metric`` in ``expr`` matches a series with ``labels``."""
+    selectors = re.findall(re.escape(metric) + r"\s*\{([^}]*)\}", expr)
+    assert selectors, f"{metric} is not read with a selector in {expr}"
+    for body in selectors:
+        for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', body):
+            actual = labels.get(label, "")
+            matched = (
+                re.fullmatch(value, actual) is not None if op in ("=~", "!~") else value == actual
+            )
+            if matched != (op in ("=", "=~")):
+                return False
+    return True
+
+
+def test_the_dropped_ticks_alert_fires_only_for_slots_found_late() -> None:
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    (rule,) = [r for r in rules if r["alert"] == "PromptschedTicksDropped"]
+    metric = "promptsched_dropped_ticks_total"
+    # overlap has its own (info) alert; disabled and cancelled_by_overlap are what pausing a
+    # schedule and overlap cancel_other are for.
+    for normal in ("overlap", "disabled", "cancelled_by_overlap"):
+        assert not _selects(rule["expr"], metric, {"reason": normal}), normal
+    for trouble in ("misfire", "catchup_window"):
+        assert _selects(rule["expr"], metric, {"reason": trouble}), trouble
 
 
 def test_the_hpa_scales_on_an_exported_gauge() -> None:

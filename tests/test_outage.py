@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from promptsched import service
 from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
-from promptsched.metrics import Metrics
+from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.reaper import Reaper
 from promptsched.store import listen, migrate, queries
@@ -286,7 +286,8 @@ async def test_a_heartbeat_that_finds_the_run_finished_by_its_own_attempt_fences
         assert await worker.run_once() == 1
     assert (await _run(pool, rid))["status"] == "succeeded"
     assert not [e for e in logs if e["event"] == "attempt.fenced"]
-    assert _sample(metrics, "promptsched_fenced_writes_total") == 0
+    for kind in FENCED_WRITE_KINDS:
+        assert _sample(metrics, "promptsched_fenced_writes_total", kind=kind) == 0, kind
 
 
 async def test_the_worker_survives_any_error_a_claim_raises(

@@ -40,14 +40,19 @@ async def _manual_run(pool: asyncpg.Pool[Any], **schedule: Any) -> int:
 
 
 async def _metric(service: Service, name: str) -> float:
+    """The sum of every series of ``name`` (all its label values)."""
     port = service.has_event("api.listening")["port"]  # type: ignore[index]
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
             text = await response.text()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
+    found = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
+    if not found:
+        raise AssertionError(f"{name} not exported")
+    return sum(found)
 
 
 async def test_two_processes_make_exactly_one_run_per_second_slot(

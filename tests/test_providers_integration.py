@@ -366,7 +366,10 @@ async def test_a_fenced_attempt_aborts_its_request_and_writes_nothing(
     (attempt,) = await _attempts(pool, rid)
     assert attempt["attempt_id"] == mine
     assert (attempt["status"], attempt["finished_at"], attempt["error"]) == ("running", None, None)
-    assert metrics.fenced_writes._value.get() == 1
+    # One write was rejected (the heartbeat's), one lease lost; the attempt wrote nothing more.
+    assert metrics.fenced_writes.labels("heartbeat")._value.get() == 1
+    assert metrics.fenced_writes.labels("finish")._value.get() == 0
+    assert metrics.leases_lost.labels("taken")._value.get() == 1
     assert not workers.inflight and len(fake.requests) == 1
 
 

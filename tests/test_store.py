@@ -136,7 +136,7 @@ async def test_claim_and_due_queries_use_their_indexes(
         assert "runs_claim_idx" in plan, plan
         assert "Sort" not in plan and "Seq Scan on runs" not in plan, plan
         due = sqlfiles.queries()["schedule_take_due"]
-        plan = await _plan(conn, due, None, 500)
+        plan = await _plan(conn, due, None, 500, 0)
         assert "schedules_due_idx" in plan, plan
         assert "Seq Scan on schedules" not in plan, plan
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from promptsched.clock import FrozenClock
-from promptsched.metrics import Metrics
+from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.roles.reaper import Reaper
 from promptsched.store import queries
 from tests import factories
@@ -330,4 +330,5 @@ async def test_drain_lets_a_queued_final_write_land_instead_of_releasing_it(
     assert (run["status"], run["releases"]) == ("succeeded", 0)
     assert await _attempts(pool, rid) == ["succeeded"]
     assert metrics.leases_released._value.get() == 0
-    assert metrics.fenced_writes._value.get() == 0
+    for kind in FENCED_WRITE_KINDS:
+        assert metrics.fenced_writes.labels(kind)._value.get() == 0, kind

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -161,6 +162,7 @@ def build(
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     tools: Callable[[], Catalog] | None = None,
     progress: ProgressHub | None = None,
+    retention: timedelta | None = None,
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
     ``progress`` is the hub the process's listener feeds (run event streams read it)."""
@@ -176,6 +178,7 @@ def build(
         document=openapi.document(ops),
         tools=tools,
         progress=progress or ProgressHub(),
+        retention=retention,
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps

@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from promptsched import durations
 from promptsched.api import views
 from promptsched.errors import ValidationError
 from promptsched.schedule import fire_times, spec
@@ -42,6 +43,10 @@ class Facts:
     now: datetime
     changes: Sequence[Row]  # schedule_change_around: the state at `at`, then later edits
     runs: Sequence[Row]  # run_list_for_slot: position 'at', 'after' or 'before'
+    # History retention (PROMPTSCHED_RETENTION; None: finished runs are kept forever). A
+    # finished run is purged once it finished longer ago than this, and it finished after its
+    # slot, so a slot newer than ``now - retention`` still has every row it ever had.
+    retention: timedelta | None = None
 
 
 def spec_at(schedule: Row, changes: Sequence[Row]) -> spec.Spec:
@@ -146,6 +151,10 @@ def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
     cursor = f.schedule["next_fire_at"]
     if f.schedule["enabled"] and cursor is not None and cursor <= at:
         return "due", "the slot is due but no scheduler has enqueued it yet: is one running?", None
+    if f.retention is not None and at < f.now - f.retention:
+        # Beyond the horizon a missing row proves nothing: its run may have been purged.
+        kept = durations.format_duration(f.retention)
+        return "purged", f"no record: history older than the retention of {kept} was purged", None
     window = f.schedule["catchup_window"]
     hint = f" (its catchup window is {window})" if window else ""
     return (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 import asyncpg
@@ -54,6 +55,7 @@ class Deps:
     document: dict[str, Any] = field(default_factory=dict)
     tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
     progress: ProgressHub = field(default_factory=ProgressHub)
+    retention: timedelta | None = None  # history retention; explain answers "purged" beyond it
 
     def tool_catalog(self) -> Catalog | None:
         return self.tools() if self.tools is not None else None

@@ -201,7 +201,7 @@ _CHANGE = _obj(
 )
 VERDICTS = (
     "ran", "failed", "cancelled", "skipped", "in_progress", "coalesced", "paused",
-    "not_a_fire_time", "before_created", "scheduled", "due", "missed",
+    "not_a_fire_time", "before_created", "scheduled", "due", "missed", "purged",
 )  # fmt: skip
 _EXPLANATION = _obj(
     {

@@ -168,7 +168,7 @@ async def _verdict(ctx: Ctx, row: asyncpg.Record, at: datetime, where: ZoneInfo)
     async with ctx.deps.pool.acquire() as conn:
         changes = await queries.schedule_change_around(conn, row["id"], at)
         found = await queries.run_list_for_slot(conn, row["id"], at)
-    facts = explain.Facts(row, at, ctx.now, changes, found)
+    facts = explain.Facts(row, at, ctx.now, changes, found, retention=ctx.deps.retention)
     answer = await offload.run(lambda: explain.explain(facts))  # bounded math, off the loop
     runs = [
         join([layout.link(f"/runs/{r['id']}", f"run {r['id']}"), " ", layout.badge(r["status"])])

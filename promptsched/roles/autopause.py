@@ -14,13 +14,16 @@ log = structlog.get_logger("autopause")
 
 async def check(db: queries.DB, schedule_id: int, run_id: int, now: datetime | None) -> bool:
     """Call after run ``run_id`` of ``schedule_id`` went dead; True when the schedule was
-    paused (and its owner is owed a message saying so)."""
-    row = await queries.schedule_pause_if_failing(db, schedule_id)
+    paused. The pause, its history row and the message owed to the owner are one statement
+    (schedule_pause_if_failing), so a crash leaves all three or none."""
+    row = await queries.schedule_pause_if_failing(db, schedule_id, run_id, now)
     if row is None:
         return False
-    await queries.schedule_change_insert(
-        db, schedule_id, row["owner"], "promptsched", "auto_pause", {"reason": row["pause_reason"]}
+    log.warning(
+        "schedule.auto_paused",
+        schedule_id=schedule_id,
+        run_id=run_id,
+        reason=row["pause_reason"],
+        notifications=row["owed"],
     )
-    await queries.outbox_insert_paused(db, run_id, schedule_id, now)
-    log.warning("schedule.auto_paused", schedule_id=schedule_id, reason=row["pause_reason"])
     return True

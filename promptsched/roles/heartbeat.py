@@ -39,6 +39,9 @@ class InFlight:
     # Its final write is on the way: that write's own guard decides, so a heartbeat that finds
     # the row moved on (by this very write) must not count it as fenced.
     finishing: bool = False
+    # Monotonic time the lease was last known to start (the claim, then each renewal sent):
+    # a lease lost longer than a lease after it expired; one lost sooner was taken.
+    renewed_at: float = field(default_factory=time.monotonic)
 
 
 class Heartbeat:
@@ -62,9 +65,11 @@ class Heartbeat:
 
     async def run_once(self) -> int:
         """Renew all leases once; returns how many attempts were fenced or told to cancel."""
-        attempts = list(self.inflight.values())
+        # A fenced attempt has nothing left to renew: it is only waiting to stop.
+        attempts = [a for a in self.inflight.values() if not a.fenced]
         if not attempts:
             return 0
+        sent = time.monotonic()
         rows = await queries.run_heartbeat_many(
             self.pool,
             self.clock.sql_now(),
@@ -82,8 +87,11 @@ class Heartbeat:
                 if attempt.finishing:
                     continue  # most likely our own finish landed first; it learns either way
                 stopped += 1
+                self.metrics.fenced_writes.labels("heartbeat").inc()
                 self.fence(attempt, "lease_lost")
-            elif renewed[attempt.run_id] and not attempt.cancel_requested:
+                continue
+            attempt.renewed_at = sent
+            if renewed[attempt.run_id] and not attempt.cancel_requested:
                 stopped += 1
                 attempt.cancel_requested = True
                 log.info(
@@ -97,12 +105,21 @@ class Heartbeat:
         return stopped
 
     def fence(self, attempt: InFlight, reason: str) -> None:
-        """The attempt lost its lease: stop it locally; it must write nothing more."""
+        """The attempt lost its lease: stop it locally; it must write nothing more.
+
+        Counts the lease lost, by cause; the write that found out (if any) counts itself in
+        ``fenced_writes``: a lease is lost once, however many writes it rejects.
+        """
         if attempt.fenced:
             return
         attempt.fenced = True
-        self.metrics.leases_lost.inc()
-        self.metrics.fenced_writes.inc()
+        if reason == "heartbeat_unreachable":
+            cause = "unreachable"
+        elif time.monotonic() - attempt.renewed_at > self.lease.total_seconds():
+            cause = "expired"
+        else:
+            cause = "taken"
+        self.metrics.leases_lost.labels(cause).inc()
         log.warning(
             "attempt.fenced",
             run_id=attempt.run_id,
@@ -110,6 +127,7 @@ class Heartbeat:
             attempt_id=str(attempt.attempt_id),
             worker_id=attempt.worker_id,
             reason=reason,
+            cause=cause,
         )
         attempt.scope.cancel()
 

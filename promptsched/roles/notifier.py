@@ -224,6 +224,7 @@ class Notifier:
         name = {"sent": "sent", "pending": "retry", "dead": "dead"}[outcome.status]
         if row["id"] not in lags:
             name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
+            self.metrics.fenced_writes.labels("outbox_mark").inc()
         elif not attempted:
             name = "released"
         # "delivered" is the outcome label the alert rules (deploy/alerts.yml) count as success.

@@ -72,7 +72,7 @@ class AttemptLog:
 
     async def record(self, step: Step) -> None:
         try:
-            await queries.attempt_append_step(
+            landed = await queries.attempt_append_step(
                 self.pool,
                 self.clock.sql_now(),
                 self.attempt_id,
@@ -88,4 +88,13 @@ class AttemptLog:
                 attempt_id=str(self.attempt_id),
                 kind=step.kind,
                 error=repr(exc),
+            )
+            return
+        if not landed:  # the attempt is no longer running (lost to the reaper, or finished)
+            self.metrics.fenced_writes.labels("transcript").inc()
+            log.warning(
+                "attempt.step_fenced",
+                run_id=self.run_id,
+                attempt_id=str(self.attempt_id),
+                kind=step.kind,
             )

@@ -141,7 +141,7 @@ class WorkerPool:
                 self.worker_id,
                 self.heartbeat.lease,
             )
-            await self._count_claim(provider, want, len(rows))
+            self._count_claim(rows)
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
@@ -161,17 +161,12 @@ class WorkerPool:
         self._update_slot_gauge()
         return started
 
-    async def _count_claim(self, provider: str, wanted: int, got: int) -> None:
-        if got:
-            self.metrics.claims.labels("claimed").inc()
-            return
-        # Nothing claimed: was the work simply not there, or did another replica hold it?
-        ahead = await queries.run_seconds_until_available(
-            self.pool, self.clock.sql_now(), [provider]
-        )
-        self.metrics.claims.labels(
-            "contended" if ahead is not None and ahead <= 0 else "empty"
-        ).inc()
+    def _count_claim(self, claim: queries.Claim) -> None:
+        """One result per claim: contended when runs it wanted and could have taken were held
+        by another claimer (SKIP LOCKED passed them over), whatever it got besides; a run
+        waiting for its own schedule's predecessor could not be taken and is no contention."""
+        result = "contended" if claim.contended else "claimed" if claim else "empty"
+        self._child(self.metrics.claims, result).inc()
 
     async def seconds_until_work(self) -> float:
         cap = self.max_sleep.total_seconds()
@@ -415,6 +410,7 @@ class WorkerPool:
                     error=repr(outcome),
                 )
             elif not outcome:
+                self._child(self.metrics.fenced_writes, "finish").inc()
                 self.heartbeat.fence(attempt, "finalize_rejected")
             else:
                 if item.status != "pending":
@@ -525,6 +521,9 @@ class WorkerPool:
                     )
                     await queries.run_notify_ready(self.pool, "released")
                     self.metrics.leases_released.inc(count)
+                    # A release whose attempt was no longer current (reaped meanwhile) was
+                    # rejected by its guard and handed nothing back.
+                    self.metrics.fenced_writes.labels("release").inc(len(remaining) - count)
                     log.info("worker.released", runs=count)
             # The queued final writes land (each batch is bounded by the finalizer).
             with anyio.move_on_after(self.finalizer.write_timeout + 1):

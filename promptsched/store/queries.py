@@ -61,9 +61,30 @@ async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | 
     return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
 
 
-async def schedule_take_due(db: DB, now: datetime | None, limit: int) -> list[Record]:
-    """Lock up to ``limit`` due schedules: one row per group that plans alike, with its ids."""
-    return await db.fetch(_Q["schedule_take_due"], now, limit)
+class DueBatch(list[Record]):
+    """The groups of due schedules one batch locked, plus ``claimable``: how many due schedules
+    it could have taken had no other scheduler held any (capped at what it asked for)."""
+
+    def __init__(self, groups: list[Record], claimable: int) -> None:
+        super().__init__(groups)
+        self.claimable = claimable
+
+    @property
+    def taken(self) -> int:
+        return sum(len(group["ids"]) for group in self)
+
+    @property
+    def contended(self) -> int:
+        """Due schedules this batch could have taken, but another transaction held."""
+        return max(0, self.claimable - self.taken)
+
+
+async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int = 0) -> DueBatch:
+    """Lock up to ``limit`` due schedules: one row per group that plans alike, with its ids.
+    ``held``: due schedules this process's own other batches hold now (not contention)."""
+    found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
+    claimable: int = found[0]["claimable"] if found else 0
+    return DueBatch([row for row in found if row["ids"] is not None], claimable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +167,12 @@ async def schedule_resume(db: DB, schedule_id: int, owner: str | None) -> Record
     return await db.fetchrow(_Q["schedule_resume"], schedule_id, owner)
 
 
-async def schedule_pause_if_failing(db: DB, schedule_id: int) -> Record | None:
-    return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id)
+async def schedule_pause_if_failing(
+    db: DB, schedule_id: int, run_id: int, now: datetime | None
+) -> Record | None:
+    """Pause, history row and the owner's "paused" messages in one statement; None when the
+    schedule is not failing (nothing was written)."""
+    return await db.fetchrow(_Q["schedule_pause_if_failing"], schedule_id, run_id, now)
 
 
 async def schedule_pause_unplannable(db: DB, schedule_ids: Sequence[int], reason: str) -> int:
@@ -186,10 +211,26 @@ async def run_previous_success(db: DB, schedule_id: int, slot: datetime) -> Reco
     return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot)
 
 
+class Claim(list[Record]):
+    """The runs one claim got, plus ``claimable``: how many it could have taken had no other
+    claimer held any (capped at what it asked for)."""
+
+    def __init__(self, rows: list[Record], claimable: int) -> None:
+        super().__init__(rows)
+        self.claimable = claimable
+
+    @property
+    def contended(self) -> int:
+        """Runs this claim wanted and could have taken, but another transaction held."""
+        return max(0, self.claimable - len(self))
+
+
 async def run_claim_batch(
     db: DB, now: datetime | None, provider: str, limit: int, worker_id: str, lease: timedelta
-) -> list[Record]:
-    return await db.fetch(_Q["run_claim_batch"], now, provider, limit, worker_id, lease)
+) -> Claim:
+    found = await db.fetch(_Q["run_claim_batch"], now, provider, limit, worker_id, lease)
+    claimable: int = found[0]["claimable"] if found else 0
+    return Claim([row for row in found if row["id"] is not None], claimable)
 
 
 async def run_heartbeat_many(
@@ -474,11 +515,6 @@ async def run_insert_replay(
 
 async def run_get_replay(db: DB, run_id: int) -> Record | None:
     return await db.fetchrow(_Q["run_get_replay"], run_id)
-
-
-async def outbox_insert_paused(db: DB, run_id: int, schedule_id: int, now: datetime | None) -> int:
-    count: int = await db.fetchval(_Q["outbox_insert_paused"], run_id, schedule_id, now)
-    return count
 
 
 # --- console --------------------------------------------------------------------------------

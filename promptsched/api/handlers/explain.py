@@ -22,7 +22,7 @@ async def explain_slot(call: Call) -> web.StreamResponse:
         now = await service.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
         runs = await queries.run_list_for_slot(conn, schedule_id, at)
-    facts = explain.Facts(row, at, now, changes, runs)
+    facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)
     return json_reply(await offload.run(lambda: explain.explain(facts)))
 
 

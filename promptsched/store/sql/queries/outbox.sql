@@ -129,21 +129,3 @@ WITH replayed AS (
 )
 SELECT r.*, (SELECT count(*) FROM woke)::int AS woken
 FROM replayed r;
-
--- name: outbox_insert_paused
--- "Pause after N consecutive dead runs" tells the owner, on the failure channels, through the
--- outbox like every other message (keyed by the run that tipped it over).
-WITH owed AS (
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                        available_at, created_at)
-    SELECT $1, c.schedule_id, c.channel, c.target, 'paused',
-           format('promptsched-%s-paused-%s', $1::bigint, c.channel),
-           coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now())
-    FROM notify_channels c
-    WHERE c.schedule_id = $2 AND c.on_failure
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
-)
-SELECT count(*)::int, (SELECT count(*) FROM (
-    SELECT pg_notify('promptsched_outbox', 'paused') FROM (SELECT 1 FROM owed LIMIT 1) o) n)
-FROM owed;

@@ -7,6 +7,12 @@
 -- unfinished here, so two claimers never start two serial runs of one schedule.
 -- The update reaches the locked candidates through the primary key, as one array: joined to
 -- them instead, a large claim from a mid-sized table read the whole runs table into a hash.
+-- Contention is measured in the same round trip: `claimable` is how many runs the claim
+-- could have taken had no other claimer held any (the same predicate, read from the
+-- statement's snapshot without SKIP LOCKED, capped at $3), so claimable - claimed rows were
+-- skipped because another transaction held them. A run waiting for its own schedule's
+-- predecessor is not claimable in either read. The row always comes back, with NULL run
+-- columns when nothing was claimed.
 WITH candidates AS (
     SELECT r.id
     FROM runs r
@@ -31,17 +37,39 @@ WITH candidates AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
     FROM schedules s
     WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
+    -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
+    -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
-              r.max_attempts
+              r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+              extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
+              extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
+                  AS start_lag
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
+), seen AS (
+    -- A full claim met no contention worth counting and skips the second read: CASE
+    -- evaluates its ELSE subquery (an InitPlan) only when it is reached. Keep the predicate
+    -- the same as the candidates' (runs_claim_idx, bounded by the LIMIT).
+    SELECT CASE WHEN (SELECT count(*) FROM claimed) >= $3 THEN $3::int
+                ELSE (SELECT count(*)::int FROM (
+                          SELECT 1
+                          FROM runs r
+                          WHERE r.status = 'pending'
+                            AND r.provider = $2
+                            AND r.available_at <= coalesce($1::timestamptz, now())
+                            AND (NOT r.serial OR NOT EXISTS (
+                                  SELECT 1 FROM runs o
+                                  WHERE o.schedule_id = r.schedule_id
+                                    AND o.status IN ('pending', 'running')
+                                    AND o.slot < r.slot))
+                          ORDER BY r.available_at, r.id
+                          LIMIT $3) e)
+           END AS claimable
 )
-SELECT c.*, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
-       extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
-       extract(epoch FROM (coalesce($1::timestamptz, now()) - c.slot))::float8 AS start_lag
-FROM claimed c
-JOIN schedules s ON s.id = c.schedule_id;
+SELECT c.*, seen.claimable
+FROM seen
+LEFT JOIN claimed c ON true;
 
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from

@@ -23,6 +23,11 @@ SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 -- look. The ids reach runs_unfinished_idx as one array: a probe per schedule whatever the
 -- statistics say (a LATERAL probe can turn into a scan per schedule under stale ones, and a
 -- join into a read of every unfinished run).
+-- Contention, as in run_claim_batch: `claimable` is how many due schedules this batch could
+-- have taken had no other scheduler held any (the due predicate read from the statement's
+-- snapshot without SKIP LOCKED), less $3, the due schedules this process's own other batches
+-- hold right now, capped at $2. The row always comes back, with NULL group columns when
+-- nothing was taken.
 WITH due AS (
     SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, misfire_policy,
            misfire_cap, misfire_grace, catchup_window, overlap_policy, jitter, provider,
@@ -39,17 +44,31 @@ WITH due AS (
       AND r.schedule_id = ANY (ARRAY(SELECT id FROM due
                                      WHERE overlap_policy NOT IN ('allow', 'buffer_all')))
     GROUP BY r.schedule_id
+), seen AS (
+    -- A full batch skips the second read (CASE reaches its ELSE InitPlan only when needed).
+    SELECT CASE WHEN (SELECT count(*) FROM due) >= $2 THEN $2::int
+                ELSE least($2, greatest(0, (SELECT count(*)::int FROM (
+                         SELECT 1 FROM schedules
+                         WHERE enabled AND next_fire_at <= coalesce($1::timestamptz, now())
+                         ORDER BY next_fire_at
+                         LIMIT $2 + $3) e) - $3))
+           END AS claimable
+), groups AS (
+    SELECT d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold, d.next_fire_at,
+           d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window,
+           d.overlap_policy, d.jitter, d.provider, d.max_attempts,
+           coalesce(b.unfinished, 0) AS unfinished, array_agg(d.id) AS ids,
+           coalesce($1::timestamptz, now()) AS db_now
+    FROM due d
+    LEFT JOIN busy b ON b.schedule_id = d.id
+    GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
+             d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window,
+             d.overlap_policy, d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0)
 )
-SELECT d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold, d.next_fire_at,
-       d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
-       d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0) AS unfinished,
-       array_agg(d.id) AS ids, coalesce($1::timestamptz, now()) AS db_now
-FROM due d
-LEFT JOIN busy b ON b.schedule_id = d.id
-GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
-         d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window, d.overlap_policy,
-         d.jitter, d.provider, d.max_attempts, coalesce(b.unfinished, 0)
-ORDER BY d.next_fire_at;
+SELECT g.*, seen.claimable
+FROM seen
+LEFT JOIN groups g ON true
+ORDER BY g.next_fire_at;
 
 -- name: schedule_tick
 -- One statement writes a batch that schedule_take_due locked in this transaction. Each
@@ -170,18 +189,45 @@ WHERE id = $1 AND ($2::text IS NULL OR owner = $2)
 RETURNING *;
 
 -- name: schedule_pause_if_failing
--- Pause a schedule whose last pause_after_failures finished runs all went dead.
-UPDATE schedules s
-SET enabled = false, paused_until = NULL, version = version + 1, updated_at = now(),
-    pause_reason = format('paused after %s consecutive dead runs', s.pause_after_failures)
-WHERE s.id = $1 AND s.enabled AND s.pause_after_failures IS NOT NULL
-  AND s.pause_after_failures = (
-      SELECT count(*) FILTER (WHERE recent.status = 'dead') FROM (
-          SELECT status FROM runs
-          WHERE schedule_id = s.id AND status IN ('succeeded', 'dead')
-          ORDER BY finished_at DESC
-          LIMIT s.pause_after_failures) recent)
-RETURNING id, owner, pause_reason;
+-- Pause a schedule whose last pause_after_failures finished runs all went dead, with its
+-- history row and the "paused" message owed to the owner on the failure channels (keyed by
+-- the run $2 that tipped it over), in one statement: all three land or none does. NOTIFY is
+-- delivered at commit.
+WITH paused AS (
+    UPDATE schedules s
+    SET enabled = false, paused_until = NULL, version = version + 1,
+        updated_at = coalesce($3::timestamptz, now()),
+        pause_reason = format('paused after %s consecutive dead runs', s.pause_after_failures)
+    WHERE s.id = $1 AND s.enabled AND s.pause_after_failures IS NOT NULL
+      AND s.pause_after_failures = (
+          SELECT count(*) FILTER (WHERE recent.status = 'dead') FROM (
+              SELECT status FROM runs
+              WHERE schedule_id = s.id AND status IN ('succeeded', 'dead')
+              ORDER BY finished_at DESC
+              LIMIT s.pause_after_failures) recent)
+    RETURNING id, owner, pause_reason
+), logged AS (
+    INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes, at)
+    SELECT id, owner, 'promptsched', 'auto_pause', jsonb_build_object('reason', pause_reason),
+           coalesce($3::timestamptz, now())
+    FROM paused
+    RETURNING 1
+), owed AS (
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                        available_at, created_at)
+    SELECT $2, c.schedule_id, c.channel, c.target, 'paused',
+           format('promptsched-%s-paused-%s', $2::bigint, c.channel),
+           coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now())
+    FROM paused p
+    JOIN notify_channels c ON c.schedule_id = p.id AND c.on_failure
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woke AS (
+    SELECT pg_notify('promptsched_outbox', 'paused') FROM (SELECT 1 FROM owed LIMIT 1) o
+)
+SELECT p.id, p.owner, p.pause_reason, (SELECT count(*) FROM logged)::int AS logged,
+       (SELECT count(*) FROM owed)::int AS owed, (SELECT count(*) FROM woke)::int AS woken
+FROM paused p;
 
 -- name: schedule_change_insert
 INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes)
