@@ -59,6 +59,16 @@ class Supervisor:
                 "agent tools); list what webhooks may reach in PROMPTSCHED_WEBHOOK_ALLOW instead",
                 webhook_allow=str(config.webhook_allow),
             )
+        settings = parse_providers(config.env, config.providers_raw)
+        self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
+        self.tools = ToolRegistry.from_settings(
+            allow=config.tools_allow,
+            mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
+        )
+        # Before the pool: a webhook provider the allowlist refuses stops startup (ConfigError).
+        registry, limiters = build_registry(
+            settings, self.tools, webhook_allow=config.webhook_allow
+        )
         # The floor keeps a connection each for the claim, the final writes and the two batches
         # of a rush open (and their types resolved) through idle hours, so the 9 o'clock rush
         # does not open them first.
@@ -68,13 +78,6 @@ class Supervisor:
             max_size=max(4, min(config.workers + 4, 40)),
             statement_cache_size=config.statement_cache_size,
         )
-        settings = parse_providers(config.env, config.providers_raw)
-        self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
-        self.tools = ToolRegistry.from_settings(
-            allow=config.tools_allow,
-            mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
-        )
-        registry, limiters = build_registry(settings, self.tools)
         try:
             async with pool.acquire() as conn:
                 applied = await migrate.apply(conn)

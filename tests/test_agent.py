@@ -268,7 +268,8 @@ async def test_the_webhook_provider_sends_one_idempotency_key_on_every_attempt(
         "PROMPTSCHED_PROVIDER_HOOK_KIND": "webhook",
         "PROMPTSCHED_PROVIDER_HOOK_BASE_URL": fake.webhook_url,
     }
-    registry, limiters = build_registry(parse_providers(env))
+    loopback = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
+    registry, limiters = build_registry(parse_providers(env), webhook_allow=loopback)
     rid = await fake_run(pool, max_attempts=3)
     await pool.execute("UPDATE runs SET provider = 'hook' WHERE id = $1", rid)
     fake.script(fake_server.status(503), fake_server.status(502))

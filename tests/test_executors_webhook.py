@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError, RetryableError
 from promptsched.executors import webhook
 from promptsched.executors.base import ExecutionRequest
@@ -21,6 +22,8 @@ from promptsched.secret import Secret
 from tests.fakes import openai_server as fake_server
 
 KEY = "whsec-do-not-print-0123456789"
+# The fake receiver listens on loopback, which the address guard refuses unless listed.
+LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
 
 
 def make_settings(url: str, **overrides: Any) -> ProviderSettings:
@@ -62,7 +65,7 @@ async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
 
 @pytest.fixture
 async def executor(fake: fake_server.FakeOpenAI) -> AsyncIterator[webhook.WebhookExecutor]:
-    executor = webhook.WebhookExecutor(make_settings(fake.webhook_url))
+    executor = webhook.WebhookExecutor(make_settings(fake.webhook_url), allow=LOOPBACK)
     try:
         yield executor
     finally:
@@ -180,7 +183,8 @@ async def test_failures_are_classified_like_openai(
 async def test_timeout_is_retryable(fake: fake_server.FakeOpenAI) -> None:
     fake.script(fake_server.hang())
     executor = webhook.WebhookExecutor(
-        make_settings(fake.webhook_url, request_timeout=timedelta(milliseconds=300))
+        make_settings(fake.webhook_url, request_timeout=timedelta(milliseconds=300)),
+        allow=LOOPBACK,
     )
     try:
         error = await fail_with(executor)

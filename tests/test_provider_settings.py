@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from promptsched import netguard
 from promptsched.errors import ConfigError
 from promptsched.executors import echo, openai, settings, webhook
 from promptsched.secret import Secret
@@ -286,7 +287,10 @@ async def test_build_registry_makes_executors_and_limiters() -> None:
         "PROMPTSCHED_PROVIDER_HOOK_BASE_URL": "http://127.0.0.1:9/hook",
         "PROMPTSCHED_PROVIDER_DEMO_KIND": "echo",
     }
-    registry, limiters = settings.build_registry(settings.parse_providers(env))
+    loopback = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
+    registry, limiters = settings.build_registry(
+        settings.parse_providers(env), webhook_allow=loopback
+    )
     try:
         assert registry.names() == ["demo", "echo", "hook", "openai"]
         assert isinstance(registry.get("openai"), openai.OpenAIExecutor)

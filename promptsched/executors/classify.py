@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+from aiohttp.abc import AbstractResolver
 
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError, PermanentError, RetryableError
@@ -189,11 +190,21 @@ class HttpReply:
             raise invalid_response(provider, f"body is not JSON ({exc})") from None
 
 
-def open_session(*, connect_timeout: float, max_concurrency: int) -> aiohttp.ClientSession:
+def open_session(
+    *,
+    connect_timeout: float,
+    max_concurrency: int,
+    resolver: AbstractResolver | None = None,
+) -> aiohttp.ClientSession:
     """One session per provider. The whole-request timeout is applied per call by
     ``post_json``; the pool is larger than the provider's limit so the ``Limiter``, not the
-    pool, is what makes callers wait."""
-    connector = aiohttp.TCPConnector(limit=max(100, max_concurrency))
+    pool, is what makes callers wait. With a ``resolver`` (the address guard's), every
+    connection goes to an address it returned: no DNS cache outlives its check."""
+    limit = max(100, max_concurrency)
+    if resolver is None:
+        connector = aiohttp.TCPConnector(limit=limit)
+    else:
+        connector = aiohttp.TCPConnector(limit=limit, resolver=resolver, use_dns_cache=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from promptsched import netguard
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError, ValidationError
 from promptsched.executors import agent, echo, openai, webhook
@@ -69,6 +70,8 @@ class ProviderSettings:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     rate_per_second: float | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Where base_url was set (TOML key or variable), for startup errors about it.
+    base_url_field: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,7 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         max_concurrency=_positive_int(raw.get("max_concurrency"), default_concurrency),
         rate_per_second=_rate(raw.get("rate_per_second")),
         headers=_headers(raw.get("headers")),
+        base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )
 
 
@@ -318,23 +322,53 @@ def _headers(item: _Value | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-def build_executor(settings: ProviderSettings, tools: agent.ToolSource | None = None) -> Executor:
+def check_webhook_url(
+    settings: ProviderSettings, allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
+) -> None:
+    """Refuse at startup a webhook provider whose ``base_url`` is an address (or a local name)
+    that ``allow`` refuses, with a ``ConfigError`` naming where base_url was set and the
+    allowlist. Other host names are checked after DNS, at each request."""
+    host = urlsplit(settings.base_url or "").hostname or ""
+    try:
+        netguard.check_host(host, allow)
+    except netguard.AddressRefused as exc:
+        where = settings.base_url_field or f"{_env_prefix(settings.name)}BASE_URL"
+        raise ConfigError(
+            where, f"{exc} (the webhook provider connects only where {allow.variable} allows)"
+        ) from None
+
+
+def build_executor(
+    settings: ProviderSettings,
+    tools: agent.ToolSource | None = None,
+    *,
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
+) -> Executor:
     """The executor for one provider (its HTTP session opens lazily on first use); ``openai``
-    ones run agent schedules with ``tools``."""
+    ones run agent schedules with ``tools``. ``webhook`` ones connect only where
+    ``webhook_allow`` lets them (``openai`` ones are not guarded: see docs/providers.md)."""
     if settings.kind == "openai":
         return openai.OpenAIExecutor(settings, tools)
     if settings.kind == "webhook":
-        return webhook.WebhookExecutor(settings)
+        check_webhook_url(settings, webhook_allow)
+        return webhook.WebhookExecutor(settings, allow=webhook_allow)
     executor = echo.EchoExecutor()
     executor.name = settings.name
     return executor
 
 
 def build_registry(
-    settings: Mapping[str, ProviderSettings], tools: agent.ToolSource | None = None
+    settings: Mapping[str, ProviderSettings],
+    tools: agent.ToolSource | None = None,
+    *,
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
 ) -> tuple[Registry, dict[str, Limiter]]:
-    """The registry of executors and one ``Limiter`` per provider, for one process."""
-    executors = {name: build_executor(provider, tools) for name, provider in settings.items()}
+    """The registry of executors and one ``Limiter`` per provider, for one process. Raises
+    ``ConfigError`` for a webhook provider whose address ``webhook_allow`` refuses."""
+    executors = {
+        name: build_executor(provider, tools, webhook_allow=webhook_allow)
+        for name, provider in settings.items()
+    }
     limiters = {
         name: Limiter(provider.max_concurrency, provider.rate_per_second)
         for name, provider in settings.items()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
-from promptsched.errors import ExecutorError
+from promptsched import netguard
+from promptsched.errors import ExecutorError, PermanentError
 from promptsched.executors import classify
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 
@@ -61,14 +63,22 @@ def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
 
 class WebhookExecutor:
     """POSTs ``{run_id, schedule_id, schedule_name, slot, timezone, attempt, attempt_id, prompt,
-    model, params}`` with an ``Idempotency-Key`` stable for the run."""
+    model, params}`` with an ``Idempotency-Key`` stable for the run.
 
-    def __init__(self, settings: ProviderSettings) -> None:
+    Connects only where the address guard lets ``allow`` (``PROMPTSCHED_WEBHOOK_ALLOW``) through:
+    the host is checked before each request and every address DNS gives is checked before the
+    connection (DNS rebinding); a refusal is a permanent error naming the rule."""
+
+    def __init__(
+        self, settings: ProviderSettings, *, allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
+    ) -> None:
         if not settings.base_url:
             raise ValueError(f"provider {settings.name!r} has no base_url")
         self.name = settings.name
+        self.allow = allow
         self._settings = settings
         self._url = settings.base_url
+        self._host = urlsplit(settings.base_url).hostname or ""
         self._http: aiohttp.ClientSession | None = None
 
     def _session(self) -> aiohttp.ClientSession:
@@ -76,11 +86,20 @@ class WebhookExecutor:
             self._http = classify.open_session(
                 connect_timeout=self._settings.connect_timeout.total_seconds(),
                 max_concurrency=self._settings.max_concurrency,
+                resolver=netguard.GuardedResolver(self.allow),
             )
         return self._http
 
+    def _refused(self, exc: netguard.AddressRefused) -> PermanentError:
+        return PermanentError(f"{self.name}: {exc}")
+
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         settings = self._settings
+        try:
+            # aiohttp never asks the resolver about an IP literal: check the host itself too.
+            netguard.check_host(self._host, self.allow)
+        except netguard.AddressRefused as exc:
+            raise self._refused(exc) from None
         headers = classify.request_headers(settings.headers, settings.api_key)
         headers["Idempotency-Key"] = idempotency_key(request.run_id)
         payload = build_payload(request, request.model or settings.default_model)
@@ -95,6 +114,8 @@ class WebhookExecutor:
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
             return parse_reply(reply, self.name)
+        except netguard.AddressRefused as exc:  # from the resolver, after DNS
+            raise self._refused(exc) from None
         except ExecutorError as exc:
             raise classify.redact_error(exc, settings.api_key) from None
 
