@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import notify_targets
+from promptsched import netguard, notify_targets
 from promptsched.roles import autopause
 from promptsched.store import queries, sqlfiles
 from tests import factories
@@ -21,7 +21,7 @@ async def _failing_schedule(pool: asyncpg.Pool[Any], dead: int) -> tuple[int, in
     sid = await factories.schedule(pool)
     notify = notify_targets.validate_targets(
         {"email": ["ops@example.com"], "webhook": {"url": "https://hooks.example.com/x"}},
-        allow_private=False,
+        allow=netguard.NO_WEBHOOK_ALLOW,
     )
     await pool.execute(
         "UPDATE schedules SET notify = $2, pause_after_failures = 2 WHERE id = $1", sid, notify

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from promptsched import notify_targets
+from promptsched import netguard, notify_targets
 from promptsched.clock import FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
@@ -153,7 +153,7 @@ async def test_sigstop_past_the_leases_counts_each_rejected_write_not_each_fence
     # two writes: the attempt's (a heartbeat, or its finish) and the notification's mark.
     # Both are rejected: two fenced writes, one lease lost.
     env = {
-        "PROMPTSCHED_ALLOW_PRIVATE_WEBHOOKS": "true",
+        "PROMPTSCHED_WEBHOOK_ALLOW": "127.0.0.1/32",
         "PROMPTSCHED_NOTIFIER_LEASE": "3s",
         "PROMPTSCHED_NOTIFIER_TIMEOUT": "2500ms",
     }
@@ -175,7 +175,10 @@ async def test_sigstop_past_the_leases_counts_each_rejected_write_not_each_fence
             await wait_until(held_by_frozen, timeout=15, what="the frozen process to claim")
             notified = await factories.schedule(pool)
             targets = notify_targets.validate_targets(
-                {"webhook": {"url": hook.url}, "on_success": True}, allow_private=True
+                {"webhook": {"url": hook.url}, "on_success": True},
+                allow=netguard.Allowlist.parse(
+                    "127.0.0.1/32", variable="PROMPTSCHED_WEBHOOK_ALLOW"
+                ),
             )
             await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", notified, targets)
             await factories.pending_run(pool, notified, now, "manual")
