@@ -26,7 +26,8 @@ from promptsched.errors import ConfigError, PermanentError
 from promptsched.executors import openai, webhook
 from promptsched.executors.base import Registry
 from promptsched.executors.limiter import Limiter
-from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.executors.providers import build_registry
+from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool

@@ -11,7 +11,7 @@ import re
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -23,14 +23,22 @@ from promptsched.executors import classify
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Step
 from promptsched.tools.base import Tool, ToolError, clip
 
-if TYPE_CHECKING:
-    from promptsched.executors.openai import ChatReply
-
 log = structlog.get_logger("agent")
 
 MODEL_RESULT_CHARS = 16_000  # a tool result as the model sees it
 TRANSCRIPT_CHARS = 2_000  # a text as the transcript keeps it
 _FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """``choices[0]`` of one chat completion: the assistant message as sent (it may carry
+    ``tool_calls``), its text content, why it stopped, and the token usage."""
+
+    message: Mapping[str, Any]
+    content: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
 
 
 class Chat(Protocol):

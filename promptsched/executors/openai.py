@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -14,9 +13,7 @@ from promptsched.errors import ExecutorError, PermanentError, ValidationError
 from promptsched.executors import agent, classify
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
-
-if TYPE_CHECKING:
-    from promptsched.executors.settings import ProviderSettings
+from promptsched.executors.settings import ProviderSettings
 
 SYSTEM_PARAM = "system"
 
@@ -145,18 +142,7 @@ def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any
     return messages
 
 
-@dataclass(frozen=True, slots=True)
-class ChatReply:
-    """``choices[0]`` of one chat completion: the assistant message as sent (it may carry
-    ``tool_calls``), its text content, why it stopped, and the token usage."""
-
-    message: Mapping[str, Any]
-    content: str | None
-    finish_reason: str | None
-    usage: dict[str, int]
-
-
-def parse_chat_reply(data: Any, provider: str) -> ChatReply:
+def parse_chat_reply(data: Any, provider: str) -> agent.ChatReply:
     """Read a chat-completion body; anything unexpected is a permanent invalid response."""
     if not isinstance(data, dict):
         raise classify.invalid_response(provider, "expected a JSON object")
@@ -172,7 +158,7 @@ def parse_chat_reply(data: Any, provider: str) -> ChatReply:
         raise classify.invalid_response(provider, "choices[0].message.content is not a string")
     usage = data.get("usage")
     finish_reason = choices[0].get("finish_reason")
-    return ChatReply(
+    return agent.ChatReply(
         message=message,
         content=content,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
@@ -211,7 +197,7 @@ class OpenAIExecutor:
         *,
         model: str,
         params: Mapping[str, Any],
-    ) -> ChatReply:
+    ) -> agent.ChatReply:
         """One chat-completion request. ``params`` are wire-ready generation fields (see
         ``generation_params``). A tool-calling loop calls this once per turn."""
         payload = {**params, "model": model, "messages": list(messages)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -14,9 +14,7 @@ from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
 from promptsched.executors import classify
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
-
-if TYPE_CHECKING:
-    from promptsched.executors.settings import ProviderSettings
+from promptsched.executors.settings import ProviderSettings
 
 
 def idempotency_key(run_id: int) -> str:
