@@ -19,7 +19,7 @@ import structlog
 from promptsched.durations import format_duration
 from promptsched.errors import PermanentError, ValidationError
 from promptsched.executors import budget as budgets
-from promptsched.executors import classify
+from promptsched.executors import http_client
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Step
 from promptsched.tools.base import Tool, ToolError, clip
 
@@ -76,19 +76,21 @@ def answer_text(reply: ChatReply, provider: str) -> str:
     refusal = reply.message.get("refusal")
     if isinstance(refusal, str) and refusal:
         raise PermanentError(f"{provider}: the model refused: {refusal[:300]}")
-    raise classify.invalid_response(provider, "choices[0].message.content is empty")
+    raise http_client.invalid_response(provider, "choices[0].message.content is empty")
 
 
 def tool_calls(reply: ChatReply, provider: str) -> list[ToolCall]:
     raw = reply.message.get("tool_calls") or []
     if not isinstance(raw, list):
-        raise classify.invalid_response(provider, "tool_calls is not a list")
+        raise http_client.invalid_response(provider, "tool_calls is not a list")
     calls = []
     for index, item in enumerate(raw):
         function = item.get("function") if isinstance(item, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str):
-            raise classify.invalid_response(provider, f"tool_calls[{index}] has no function name")
+            raise http_client.invalid_response(
+                provider, f"tool_calls[{index}] has no function name"
+            )
         assert isinstance(function, dict) and isinstance(item, dict)
         call_id = item.get("id")
         calls.append(

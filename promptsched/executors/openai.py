@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, classify
+from promptsched.executors import agent, http_client
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings
@@ -145,17 +145,17 @@ def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any
 def parse_chat_reply(data: Any, provider: str) -> agent.ChatReply:
     """Read a chat-completion body; anything unexpected is a permanent invalid response."""
     if not isinstance(data, dict):
-        raise classify.invalid_response(provider, "expected a JSON object")
+        raise http_client.invalid_response(provider, "expected a JSON object")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        error = classify.body_excerpt(json.dumps(data)) if "error" in data else "no choices"
-        raise classify.invalid_response(provider, error)
+        error = http_client.body_excerpt(json.dumps(data)) if "error" in data else "no choices"
+        raise http_client.invalid_response(provider, error)
     message = choices[0].get("message")
     if not isinstance(message, dict):
-        raise classify.invalid_response(provider, "choices[0].message is missing")
+        raise http_client.invalid_response(provider, "choices[0].message is missing")
     content = message.get("content")
     if content is not None and not isinstance(content, str):
-        raise classify.invalid_response(provider, "choices[0].message.content is not a string")
+        raise http_client.invalid_response(provider, "choices[0].message.content is not a string")
     usage = data.get("usage")
     finish_reason = choices[0].get("finish_reason")
     return agent.ChatReply(
@@ -185,7 +185,7 @@ class OpenAIExecutor:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = classify.open_session(
+            self._http = http_client.open_session(
                 connect_timeout=self._settings.connect_timeout.total_seconds(),
                 max_concurrency=self._settings.max_concurrency,
             )
@@ -203,18 +203,18 @@ class OpenAIExecutor:
         payload = {**params, "model": model, "messages": list(messages)}
         settings = self._settings
         try:
-            reply = await classify.post_json(
+            reply = await http_client.post_json(
                 self._session(),
                 self._url,
                 payload,
-                headers=classify.request_headers(settings.headers, settings.api_key),
+                headers=http_client.request_headers(settings.headers, settings.api_key),
                 provider=self.name,
                 request_timeout=settings.request_timeout.total_seconds(),
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
             return parse_chat_reply(reply.json(self.name), self.name)
         except ExecutorError as exc:
-            raise classify.redact_error(exc, settings.api_key) from None
+            raise http_client.redact_error(exc, settings.api_key) from None
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         model = request.model or self._settings.default_model

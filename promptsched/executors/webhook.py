@@ -12,7 +12,7 @@ import aiohttp
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
-from promptsched.executors import classify
+from promptsched.executors import http_client
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings
 
@@ -37,7 +37,7 @@ def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any
     }
 
 
-def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
+def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
     """A JSON object with a string ``output`` gives that (and its ``usage``); any other body is
     the output as text."""
     text = reply.text()
@@ -49,7 +49,7 @@ def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
         return ExecutionResult(output=text)
     output = data["output"]
     if not isinstance(output, str):
-        raise classify.invalid_response(provider, '"output" must be a string')
+        raise http_client.invalid_response(provider, '"output" must be a string')
     usage = data.get("usage")
     counts = {
         key: value
@@ -81,7 +81,7 @@ class WebhookExecutor:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = classify.open_session(
+            self._http = http_client.open_session(
                 connect_timeout=self._settings.connect_timeout.total_seconds(),
                 max_concurrency=self._settings.max_concurrency,
                 resolver=netguard.GuardedResolver(self.allow),
@@ -98,11 +98,11 @@ class WebhookExecutor:
             netguard.check_host(self._host, self.allow)
         except netguard.AddressRefused as exc:
             raise self._refused(exc) from None
-        headers = classify.request_headers(settings.headers, settings.api_key)
+        headers = http_client.request_headers(settings.headers, settings.api_key)
         headers["Idempotency-Key"] = idempotency_key(request.run_id)
         payload = build_payload(request, request.model or settings.default_model)
         try:
-            reply = await classify.post_json(
+            reply = await http_client.post_json(
                 self._session(),
                 self._url,
                 payload,
@@ -115,7 +115,7 @@ class WebhookExecutor:
         except netguard.AddressRefused as exc:  # from the resolver, after DNS
             raise self._refused(exc) from None
         except ExecutorError as exc:
-            raise classify.redact_error(exc, settings.api_key) from None
+            raise http_client.redact_error(exc, settings.api_key) from None
 
     async def aclose(self) -> None:
         if self._http is not None:
