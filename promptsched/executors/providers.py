@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from promptsched import netguard
-from promptsched.executors import agent, echo, openai, webhook
+from promptsched.executors import agent, echo, openai, webhook_provider
 from promptsched.executors.base import Executor, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.executors.settings import ProviderSettings, check_webhook_url
@@ -25,7 +25,7 @@ def build_executor(
         return openai.OpenAIExecutor(settings, tools)
     if settings.kind == "webhook":
         check_webhook_url(settings, webhook_allow)
-        return webhook.WebhookExecutor(settings, allow=webhook_allow)
+        return webhook_provider.WebhookExecutor(settings, allow=webhook_allow)
     executor = echo.EchoExecutor()
     executor.name = settings.name
     return executor
