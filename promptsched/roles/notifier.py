@@ -26,8 +26,8 @@ from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.metrics import Metrics
+from promptsched.retry import RetryPolicy, decide
 from promptsched.roles.loop import Wakeup, run_forever
-from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.secret import Secret
 from promptsched.store import queries
 
