@@ -167,7 +167,7 @@ class Notifier:
         started = anyio.current_time()
         try:
             if sender is None:
-                raise DeliveryError(f"no sender for channel {item.channel!r}", permanent=True)
+                raise DeliveryError(f"no sender for channel {item.channel!r}", retryable=False)
             with anyio.fail_after(self.timeout.total_seconds()):
                 note = await sender.send(item)
             outcomes[item.id] = Outcome("sent", note=note)
@@ -185,7 +185,7 @@ class Notifier:
 
     def _failure(self, row: asyncpg.Record, exc: DeliveryError) -> Outcome:
         decision = decide(
-            retryable=not exc.permanent,
+            retryable=exc.retryable,
             retry_after=exc.retry_after,
             attempt=row["attempts"],
             policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
