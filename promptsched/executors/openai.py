@@ -7,8 +7,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
 from promptsched.executors import agent, http_client
 from promptsched.executors import budget as budgets
@@ -181,15 +179,10 @@ class OpenAIExecutor:
         self._settings = settings
         self._tools = tools
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
-        self._http: aiohttp.ClientSession | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = http_client.open_session(
-                connect_timeout=self._settings.connect_timeout.total_seconds(),
-                max_concurrency=self._settings.max_concurrency,
-            )
-        return self._http
+        self._http = http_client.LazySession(
+            connect_timeout=settings.connect_timeout.total_seconds(),
+            max_concurrency=settings.max_concurrency,
+        )
 
     async def chat_completion(
         self,
@@ -204,7 +197,7 @@ class OpenAIExecutor:
         settings = self._settings
         try:
             reply = await http_client.post_json(
-                self._session(),
+                self._http.get(),
                 self._url,
                 payload,
                 headers=http_client.request_headers(settings.headers, settings.api_key),
@@ -237,6 +230,4 @@ class OpenAIExecutor:
         return ExecutionResult(output=output, usage=reply.usage or None)
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
+        await self._http.aclose()

@@ -8,8 +8,6 @@ from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
 from promptsched.executors import http_client
@@ -77,16 +75,11 @@ class WebhookExecutor:
         self._settings = settings
         self._url = settings.base_url
         self._host = urlsplit(settings.base_url).hostname or ""
-        self._http: aiohttp.ClientSession | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = http_client.open_session(
-                connect_timeout=self._settings.connect_timeout.total_seconds(),
-                max_concurrency=self._settings.max_concurrency,
-                resolver=netguard.GuardedResolver(self.allow),
-            )
-        return self._http
+        self._http = http_client.LazySession(
+            connect_timeout=settings.connect_timeout.total_seconds(),
+            max_concurrency=settings.max_concurrency,
+            resolver=lambda: netguard.GuardedResolver(self.allow),
+        )
 
     def _refused(self, exc: netguard.AddressRefused) -> PermanentError:
         return PermanentError(f"{self.name}: {exc}")
@@ -103,7 +96,7 @@ class WebhookExecutor:
         payload = build_payload(request, request.model or settings.default_model)
         try:
             reply = await http_client.post_json(
-                self._session(),
+                self._http.get(),
                 self._url,
                 payload,
                 headers=headers,
@@ -118,6 +111,4 @@ class WebhookExecutor:
             raise http_client.redact_error(exc, settings.api_key) from None
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
+        await self._http.aclose()
