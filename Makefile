@@ -75,6 +75,7 @@ lint: install
 	$(BIN)/ruff check promptsched tests bench
 	$(BIN)/ruff format --check promptsched tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/python -m bench $(ARGS)

@@ -234,7 +234,7 @@ async def create_schedule(
 ) -> asyncpg.Record:
     now = await db_now(db, clock)
     # an expression that never fires (before 2200) is an error; the search runs off the loop
-    first = await offload.run(lambda: spec.check_fires(values.spec(), now))
+    first = await offload.run(lambda: fire_times.check_fires(values.spec(), now))
     row = await queries.schedule_insert(
         db,
         [
@@ -318,7 +318,7 @@ async def update_schedule(
             now = await db_now(conn, clock)
             after = min(now, cursor) if cursor is not None else now
             since = after - timedelta(microseconds=1)
-            cursor = await offload.run(lambda: spec.check_fires(values.spec(), since))
+            cursor = await offload.run(lambda: fire_times.check_fires(values.spec(), since))
         updated = await queries.schedule_update(
             conn, schedule_id, row["version"],
             [*_columns(values), cursor, values.pause_after_failures, dict(values.notify)],

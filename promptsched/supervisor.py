@@ -17,7 +17,8 @@ from promptsched.api import app as api_app
 from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.config import Config
-from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.executors.providers import build_registry
+from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.loop_probe import LoopProbe

@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 
 async def wait_until(
-    predicate: Callable[[], Awaitable[T]],
+    predicate: Callable[[], Awaitable[T | None]],
     *,
     timeout: float,
     interval: float = 0.05,

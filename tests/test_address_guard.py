@@ -158,7 +158,7 @@ async def test_a_webhook_to_loopback_is_sent_only_when_the_webhook_allowlist_cov
                 await sender.send(notification)
         finally:
             await sender.aclose()
-        assert caught.value.permanent
+        assert not caught.value.retryable
         assert caught.value.message == (
             "webhook: 127.0.0.1 is loopback and not in PROMPTSCHED_WEBHOOK_ALLOW"
         )

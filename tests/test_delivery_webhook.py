@@ -160,7 +160,7 @@ async def test_statuses_map_to_retry_or_dead(
     with pytest.raises(DeliveryError) as caught:
         await _send(sink.url, _notification(sink.url))
     error = caught.value
-    assert (error.permanent, error.retry_after) == (permanent, retry_after)
+    assert (not error.retryable, error.retry_after) == (permanent, retry_after)
     assert text in error.message
     assert len(sink.requests) == 1  # redirects are not followed
 
@@ -177,14 +177,14 @@ async def test_a_closed_port_is_a_retryable_connection_error() -> None:
         url = closed.url
     with pytest.raises(DeliveryError) as caught:
         await _send(url, _notification(url))
-    assert caught.value.permanent is False
+    assert caught.value.retryable is True
     assert "Connect" in caught.value.message
 
 
 async def test_loopback_is_refused_at_send_time_unless_allowed(sink: HttpSink) -> None:
     with pytest.raises(DeliveryError) as caught:
         await _send(sink.url, _notification(sink.url), allow=netguard.NO_WEBHOOK_ALLOW)
-    assert caught.value.permanent is True
+    assert caught.value.retryable is False
     assert caught.value.message == (
         "webhook: 127.0.0.1 is loopback and not in PROMPTSCHED_WEBHOOK_ALLOW"
     )
@@ -204,7 +204,7 @@ async def test_a_name_resolving_to_a_private_address_is_refused_after_dns(
     url = f"http://hooks.example.test:{port}/hook"
     with pytest.raises(DeliveryError) as caught:
         await _send(url, _notification(url), allow=netguard.NO_WEBHOOK_ALLOW)
-    assert caught.value.permanent is True
+    assert caught.value.retryable is False
     assert (
         "127.0.0.1 (hooks.example.test resolves to it) is loopback and not in "
         "PROMPTSCHED_WEBHOOK_ALLOW"
@@ -218,5 +218,5 @@ async def test_a_name_resolving_to_a_private_address_is_refused_after_dns(
 async def test_a_webhook_without_a_secret_is_not_sent(sink: HttpSink) -> None:
     with pytest.raises(DeliveryError, match="no webhook secret") as caught:
         await _send(sink.url, _notification(sink.url, webhook_secret=None))
-    assert caught.value.permanent is True
+    assert caught.value.retryable is False
     assert sink.requests == []

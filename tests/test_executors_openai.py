@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from promptsched.errors import ExecutorError, PermanentError, RetryableError, ValidationError
-from promptsched.executors import classify, openai
+from promptsched.executors import http_client, openai
 from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.settings import ProviderSettings
 from promptsched.secret import Secret
@@ -437,7 +437,7 @@ NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
     ],
 )
 def test_parse_retry_after(value: str | None, expected: float | None) -> None:
-    assert classify.parse_retry_after(value, NOW) == expected
+    assert http_client.parse_retry_after(value, NOW) == expected
 
 
 @pytest.mark.parametrize(
@@ -446,22 +446,22 @@ def test_parse_retry_after(value: str | None, expected: float | None) -> None:
     + [(408, True), (429, True), (500, True), (502, True), (503, True), (504, True)],
 )
 def test_classify_status_table(status: int, retryable: bool) -> None:
-    error = classify.classify_status(status, {}, "", provider="p", now=NOW)
+    error = http_client.classify_status(status, {}, "", provider="p", now=NOW)
     assert error.retryable is retryable
     assert isinstance(error, RetryableError if retryable else PermanentError)
     assert error.message.startswith(f"p: HTTP {status} ")
 
 
 def test_classify_status_reads_retry_after_case_insensitively() -> None:
-    error = classify.classify_status(503, {"retry-after": "3"}, "busy", provider="p", now=NOW)
+    error = http_client.classify_status(503, {"retry-after": "3"}, "busy", provider="p", now=NOW)
     assert error.retry_after == 3.0
     assert error.message == "p: HTTP 503 Service Unavailable (retry after 3s): busy"
-    ignored = classify.classify_status(400, {"Retry-After": "3"}, "", provider="p", now=NOW)
+    ignored = http_client.classify_status(400, {"Retry-After": "3"}, "", provider="p", now=NOW)
     assert ignored.retry_after is None
 
 
 def test_body_excerpt_prefers_the_json_error_message_and_truncates() -> None:
-    assert classify.body_excerpt(b'{"error": {"message": "bad  key\\n here"}}') == "bad key here"
-    assert classify.body_excerpt('{"detail": "nope"}') == "nope"
-    long = classify.body_excerpt("x" * 1000)
-    assert len(long) == classify.EXCERPT_CHARS and long.endswith("…")
+    assert http_client.body_excerpt(b'{"error": {"message": "bad  key\\n here"}}') == "bad key here"
+    assert http_client.body_excerpt('{"detail": "nope"}') == "nope"
+    long = http_client.body_excerpt("x" * 1000)
+    assert len(long) == http_client.EXCERPT_CHARS and long.endswith("…")

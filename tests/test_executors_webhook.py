@@ -15,7 +15,7 @@ import pytest
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError, RetryableError
-from promptsched.executors import webhook
+from promptsched.executors import webhook_provider
 from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.settings import ProviderSettings
 from promptsched.secret import Secret
@@ -64,15 +64,15 @@ async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
 
 
 @pytest.fixture
-async def executor(fake: fake_server.FakeOpenAI) -> AsyncIterator[webhook.WebhookExecutor]:
-    executor = webhook.WebhookExecutor(make_settings(fake.webhook_url), allow=LOOPBACK)
+async def executor(fake: fake_server.FakeOpenAI) -> AsyncIterator[webhook_provider.WebhookExecutor]:
+    executor = webhook_provider.WebhookExecutor(make_settings(fake.webhook_url), allow=LOOPBACK)
     try:
         yield executor
     finally:
         await executor.aclose()
 
 
-async def fail_with(executor: webhook.WebhookExecutor, **overrides: Any) -> ExecutorError:
+async def fail_with(executor: webhook_provider.WebhookExecutor, **overrides: Any) -> ExecutorError:
     with pytest.raises(ExecutorError) as caught:
         await executor.execute(make_request(**overrides))
     assert KEY not in str(caught.value) and KEY not in repr(caught.value)
@@ -80,7 +80,7 @@ async def fail_with(executor: webhook.WebhookExecutor, **overrides: Any) -> Exec
 
 
 async def test_posts_the_prompt_and_context_as_json(
-    fake: fake_server.FakeOpenAI, executor: webhook.WebhookExecutor
+    fake: fake_server.FakeOpenAI, executor: webhook_provider.WebhookExecutor
 ) -> None:
     result = await executor.execute(make_request())
 
@@ -106,7 +106,7 @@ async def test_posts_the_prompt_and_context_as_json(
 
 
 async def test_idempotency_key_is_stable_across_attempts_of_a_run(
-    fake: fake_server.FakeOpenAI, executor: webhook.WebhookExecutor
+    fake: fake_server.FakeOpenAI, executor: webhook_provider.WebhookExecutor
 ) -> None:
     fake.script(fake_server.status(503))
     await fail_with(executor, attempt=1)
@@ -129,7 +129,7 @@ async def test_idempotency_key_is_stable_across_attempts_of_a_run(
 )
 async def test_output_is_the_body_or_its_output_field(
     fake: fake_server.FakeOpenAI,
-    executor: webhook.WebhookExecutor,
+    executor: webhook_provider.WebhookExecutor,
     body: str,
     content_type: str,
     output: str,
@@ -143,7 +143,7 @@ async def test_output_is_the_body_or_its_output_field(
 
 
 async def test_non_string_output_field_is_an_invalid_response(
-    fake: fake_server.FakeOpenAI, executor: webhook.WebhookExecutor
+    fake: fake_server.FakeOpenAI, executor: webhook_provider.WebhookExecutor
 ) -> None:
     fake.script(fake_server.reply('{"output": {"nested": true}}'))
     error = await fail_with(executor)
@@ -168,7 +168,7 @@ async def test_non_string_output_field_is_an_invalid_response(
 )
 async def test_failures_are_classified_like_openai(
     fake: fake_server.FakeOpenAI,
-    executor: webhook.WebhookExecutor,
+    executor: webhook_provider.WebhookExecutor,
     behaviour: fake_server.Behaviour,
     kind: type[ExecutorError],
     text: str,
@@ -182,7 +182,7 @@ async def test_failures_are_classified_like_openai(
 
 async def test_timeout_is_retryable(fake: fake_server.FakeOpenAI) -> None:
     fake.script(fake_server.hang())
-    executor = webhook.WebhookExecutor(
+    executor = webhook_provider.WebhookExecutor(
         make_settings(fake.webhook_url, request_timeout=timedelta(milliseconds=300)),
         allow=LOOPBACK,
     )
@@ -196,7 +196,7 @@ async def test_timeout_is_retryable(fake: fake_server.FakeOpenAI) -> None:
 
 
 async def test_params_that_are_not_json_are_permanent(
-    fake: fake_server.FakeOpenAI, executor: webhook.WebhookExecutor
+    fake: fake_server.FakeOpenAI, executor: webhook_provider.WebhookExecutor
 ) -> None:
     error = await fail_with(executor, params={"when": datetime(2024, 1, 1, tzinfo=UTC)})
 
@@ -206,7 +206,7 @@ async def test_params_that_are_not_json_are_permanent(
 
 
 async def test_cancelling_an_attempt_aborts_the_request_promptly(
-    fake: fake_server.FakeOpenAI, executor: webhook.WebhookExecutor
+    fake: fake_server.FakeOpenAI, executor: webhook_provider.WebhookExecutor
 ) -> None:
     fake.script(fake_server.hang())
     started = time.monotonic()

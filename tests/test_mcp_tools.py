@@ -19,7 +19,8 @@ import pytest
 from promptsched import netguard
 from promptsched.clock import FrozenClock
 from promptsched.errors import ConfigError, ValidationError
-from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.executors.providers import build_registry
+from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool

@@ -295,7 +295,7 @@ async def test_smtp_credentials_are_used_and_a_refused_password_never_shows() ->
         wrong = replace(config, smtp_password=Secret(password + "!"))
         with pytest.raises(DeliveryError) as caught:
             await EmailSender(EmailSettings.from_config(wrong)).send(item)
-    assert caught.value.permanent is True and caught.value.message.startswith("smtp: 535")
+    assert caught.value.retryable is False and caught.value.message.startswith("smtp: 535")
     assert password not in caught.value.message
 
 

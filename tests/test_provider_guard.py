@@ -23,10 +23,11 @@ from promptsched import config as configuration
 from promptsched import netguard
 from promptsched.clock import FrozenClock
 from promptsched.errors import ConfigError, PermanentError
-from promptsched.executors import openai, webhook
+from promptsched.executors import openai, webhook_provider
 from promptsched.executors.base import Registry
 from promptsched.executors.limiter import Limiter
-from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.executors.providers import build_registry
+from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
@@ -146,8 +147,8 @@ async def test_listed_addresses_public_names_and_openai_providers_build() -> Non
         parse_providers(env), webhook_allow=_allow("127.0.0.1/32,169.254.169.254")
     )
     try:
-        assert isinstance(registry.get("hook"), webhook.WebhookExecutor)
-        assert isinstance(registry.get("public"), webhook.WebhookExecutor)
+        assert isinstance(registry.get("hook"), webhook_provider.WebhookExecutor)
+        assert isinstance(registry.get("public"), webhook_provider.WebhookExecutor)
         assert isinstance(registry.get("local"), openai.OpenAIExecutor)
     finally:
         await registry.aclose()
@@ -181,7 +182,8 @@ def test_run_refuses_to_start_with_a_loopback_webhook_provider_not_allowed(dsn: 
 
 
 async def test_the_executor_checks_a_literal_address_before_each_request(sink: HttpSink) -> None:
-    executor = webhook.WebhookExecutor(make_settings(sink.url))  # built without the startup check
+    # built without the startup check
+    executor = webhook_provider.WebhookExecutor(make_settings(sink.url))
     try:
         with pytest.raises(PermanentError) as caught:
             await executor.execute(make_request())

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from promptsched import netguard
 from promptsched.errors import ConfigError
-from promptsched.executors import echo, openai, settings, webhook
+from promptsched.executors import echo, openai, providers, settings, webhook_provider
 from promptsched.secret import Secret
 
 KEY = "sk-live-abcdef0123456789"
@@ -288,13 +288,13 @@ async def test_build_registry_makes_executors_and_limiters() -> None:
         "PROMPTSCHED_PROVIDER_DEMO_KIND": "echo",
     }
     loopback = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
-    registry, limiters = settings.build_registry(
+    registry, limiters = providers.build_registry(
         settings.parse_providers(env), webhook_allow=loopback
     )
     try:
         assert registry.names() == ["demo", "echo", "hook", "openai"]
         assert isinstance(registry.get("openai"), openai.OpenAIExecutor)
-        assert isinstance(registry.get("hook"), webhook.WebhookExecutor)
+        assert isinstance(registry.get("hook"), webhook_provider.WebhookExecutor)
         assert isinstance(registry.get("demo"), echo.EchoExecutor)
         assert registry.get("demo").name == "demo"
         assert registry.get("echo").name == "echo"

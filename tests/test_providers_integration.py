@@ -22,7 +22,8 @@ from promptsched import service
 from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
-from promptsched.executors.settings import build_registry, parse_providers
+from promptsched.executors.providers import build_registry
+from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool

@@ -66,15 +66,16 @@ def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
 
 
 class DeliveryError(PromptschedError):
-    """A send failed. ``permanent`` means trying again gives the same answer (the notification
-    goes dead at once); ``retry_after`` (seconds) is the receiver's own wish."""
+    """A send failed. ``retryable`` (the same sense as ``ExecutorError.retryable``) is False when
+    trying again gives the same answer (the notification goes dead at once); ``retry_after``
+    (seconds) is the receiver's own wish."""
 
     def __init__(
-        self, message: str, *, permanent: bool = False, retry_after: float | None = None
+        self, message: str, *, retryable: bool = True, retry_after: float | None = None
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.permanent = permanent
+        self.retryable = retryable
         self.retry_after = retry_after
 
 

@@ -104,7 +104,7 @@ def _refused(exc: aiosmtplib.SMTPRecipientsRefused) -> DeliveryError:
     codes = [r.code for r in exc.recipients]
     detail = "; ".join(f"{r.recipient}: {r.code} {_one_line(r.message)}" for r in exc.recipients)
     # 4xx is the server's "try again later"; only 5xx for every recipient is final.
-    return DeliveryError(f"smtp: every recipient refused: {detail}", permanent=min(codes) >= 500)
+    return DeliveryError(f"smtp: every recipient refused: {detail}", retryable=min(codes) < 500)
 
 
 class EmailSender:
@@ -117,7 +117,7 @@ class EmailSender:
         settings = self.settings
         if not settings.host:
             raise DeliveryError(
-                "SMTP is not configured: set PROMPTSCHED_SMTP_HOST (then replay)", permanent=True
+                "SMTP is not configured: set PROMPTSCHED_SMTP_HOST (then replay)", retryable=False
             )
         message = build_message(notification, settings)
         try:
@@ -136,11 +136,11 @@ class EmailSender:
             raise self._redacted(_refused(exc)) from None
         except aiosmtplib.SMTPResponseException as exc:
             error = DeliveryError(
-                f"smtp: {exc.code} {_one_line(exc.message)}", permanent=exc.code >= 500
+                f"smtp: {exc.code} {_one_line(exc.message)}", retryable=exc.code < 500
             )
             raise self._redacted(error) from None
         except aiosmtplib.SMTPNotSupported as exc:
-            raise self._redacted(DeliveryError(f"smtp: {exc}", permanent=True)) from None
+            raise self._redacted(DeliveryError(f"smtp: {exc}", retryable=False)) from None
         except (aiosmtplib.SMTPException, OSError) as exc:
             error = DeliveryError(f"smtp: {type(exc).__name__}: {exc}")
             raise self._redacted(error) from None
@@ -153,7 +153,7 @@ class EmailSender:
         password = self.settings.password
         if password is None or password.redact(error.message) == error.message:
             return error
-        return DeliveryError(password.redact(error.message), permanent=error.permanent)
+        return DeliveryError(password.redact(error.message), retryable=error.retryable)
 
     async def aclose(self) -> None:
         return None

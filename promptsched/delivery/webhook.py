@@ -73,10 +73,10 @@ def _status_error(status: int, headers: Any, excerpt: str) -> DeliveryError:
         location = headers.get("Location", "?")
         return DeliveryError(
             f"webhook: HTTP {status}: redirect to {location} not followed (use the final URL)",
-            permanent=True,
+            retryable=False,
         )
     if status == 410:
-        return DeliveryError(label + " (the receiver says the hook is gone)", permanent=True)
+        return DeliveryError(label + " (the receiver says the hook is gone)", retryable=False)
     # Anything else may be a receiver's bad moment (a deploy, a bug being fixed): retry within
     # the notifier's attempts, honouring Retry-After given in seconds.
     match = _RETRY_AFTER.match(headers.get("Retry-After", ""))
@@ -84,7 +84,7 @@ def _status_error(status: int, headers: Any, excerpt: str) -> DeliveryError:
 
 
 def _refused(exc: netguard.AddressRefused) -> DeliveryError:
-    return DeliveryError(f"webhook: {exc}", permanent=True)
+    return DeliveryError(f"webhook: {exc}", retryable=False)
 
 
 class WebhookSender:
@@ -116,14 +116,14 @@ class WebhookSender:
         if not secret:
             raise DeliveryError(
                 "webhook: the schedule has no webhook secret any more (was the webhook removed?)",
-                permanent=True,
+                retryable=False,
             )
         try:
             netguard.check_host(URL(url).host or "", self.allow)
         except netguard.AddressRefused as exc:
             raise _refused(exc) from None
         except ValueError as exc:
-            raise DeliveryError(f"webhook: invalid URL {url!r}: {exc}", permanent=True) from None
+            raise DeliveryError(f"webhook: invalid URL {url!r}: {exc}", retryable=False) from None
         body = json.dumps(payload(notification), ensure_ascii=False).encode()
         headers = {
             "Content-Type": "application/json",
@@ -143,11 +143,11 @@ class WebhookSender:
         except netguard.AddressRefused as exc:  # from the resolver, after DNS
             raise _refused(exc) from None
         except aiohttp.InvalidURL as exc:
-            raise DeliveryError(f"webhook: invalid URL {exc}", permanent=True) from None
+            raise DeliveryError(f"webhook: invalid URL {exc}", retryable=False) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise DeliveryError(f"webhook: {type(exc).__name__}: {exc}") from None
         raise DeliveryError(
-            secret.redact(error.message), retry_after=error.retry_after, permanent=error.permanent
+            secret.redact(error.message), retry_after=error.retry_after, retryable=error.retryable
         )
 
     async def aclose(self) -> None:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -19,18 +19,26 @@ import structlog
 from promptsched.durations import format_duration
 from promptsched.errors import PermanentError, ValidationError
 from promptsched.executors import budget as budgets
-from promptsched.executors import classify
+from promptsched.executors import http_client
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Step
 from promptsched.tools.base import Tool, ToolError, clip
-
-if TYPE_CHECKING:
-    from promptsched.executors.openai import ChatReply
 
 log = structlog.get_logger("agent")
 
 MODEL_RESULT_CHARS = 16_000  # a tool result as the model sees it
 TRANSCRIPT_CHARS = 2_000  # a text as the transcript keeps it
 _FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """``choices[0]`` of one chat completion: the assistant message as sent (it may carry
+    ``tool_calls``), its text content, why it stopped, and the token usage."""
+
+    message: Mapping[str, Any]
+    content: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
 
 
 class Chat(Protocol):
@@ -68,19 +76,21 @@ def answer_text(reply: ChatReply, provider: str) -> str:
     refusal = reply.message.get("refusal")
     if isinstance(refusal, str) and refusal:
         raise PermanentError(f"{provider}: the model refused: {refusal[:300]}")
-    raise classify.invalid_response(provider, "choices[0].message.content is empty")
+    raise http_client.invalid_response(provider, "choices[0].message.content is empty")
 
 
 def tool_calls(reply: ChatReply, provider: str) -> list[ToolCall]:
     raw = reply.message.get("tool_calls") or []
     if not isinstance(raw, list):
-        raise classify.invalid_response(provider, "tool_calls is not a list")
+        raise http_client.invalid_response(provider, "tool_calls is not a list")
     calls = []
     for index, item in enumerate(raw):
         function = item.get("function") if isinstance(item, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str):
-            raise classify.invalid_response(provider, f"tool_calls[{index}] has no function name")
+            raise http_client.invalid_response(
+                provider, f"tool_calls[{index}] has no function name"
+            )
         assert isinstance(function, dict) and isinstance(item, dict)
         call_id = item.get("id")
         calls.append(

@@ -5,18 +5,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import aiohttp
+from typing import Any
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, classify
+from promptsched.executors import agent, http_client
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
-
-if TYPE_CHECKING:
-    from promptsched.executors.settings import ProviderSettings
+from promptsched.executors.settings import ProviderSettings
 
 SYSTEM_PARAM = "system"
 
@@ -145,34 +140,23 @@ def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any
     return messages
 
 
-@dataclass(frozen=True, slots=True)
-class ChatReply:
-    """``choices[0]`` of one chat completion: the assistant message as sent (it may carry
-    ``tool_calls``), its text content, why it stopped, and the token usage."""
-
-    message: Mapping[str, Any]
-    content: str | None
-    finish_reason: str | None
-    usage: dict[str, int]
-
-
-def parse_chat_reply(data: Any, provider: str) -> ChatReply:
+def parse_chat_reply(data: Any, provider: str) -> agent.ChatReply:
     """Read a chat-completion body; anything unexpected is a permanent invalid response."""
     if not isinstance(data, dict):
-        raise classify.invalid_response(provider, "expected a JSON object")
+        raise http_client.invalid_response(provider, "expected a JSON object")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        error = classify.body_excerpt(json.dumps(data)) if "error" in data else "no choices"
-        raise classify.invalid_response(provider, error)
+        error = http_client.body_excerpt(json.dumps(data)) if "error" in data else "no choices"
+        raise http_client.invalid_response(provider, error)
     message = choices[0].get("message")
     if not isinstance(message, dict):
-        raise classify.invalid_response(provider, "choices[0].message is missing")
+        raise http_client.invalid_response(provider, "choices[0].message is missing")
     content = message.get("content")
     if content is not None and not isinstance(content, str):
-        raise classify.invalid_response(provider, "choices[0].message.content is not a string")
+        raise http_client.invalid_response(provider, "choices[0].message.content is not a string")
     usage = data.get("usage")
     finish_reason = choices[0].get("finish_reason")
-    return ChatReply(
+    return agent.ChatReply(
         message=message,
         content=content,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
@@ -195,15 +179,10 @@ class OpenAIExecutor:
         self._settings = settings
         self._tools = tools
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
-        self._http: aiohttp.ClientSession | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = classify.open_session(
-                connect_timeout=self._settings.connect_timeout.total_seconds(),
-                max_concurrency=self._settings.max_concurrency,
-            )
-        return self._http
+        self._http = http_client.LazySession(
+            connect_timeout=settings.connect_timeout.total_seconds(),
+            max_concurrency=settings.max_concurrency,
+        )
 
     async def chat_completion(
         self,
@@ -211,24 +190,24 @@ class OpenAIExecutor:
         *,
         model: str,
         params: Mapping[str, Any],
-    ) -> ChatReply:
+    ) -> agent.ChatReply:
         """One chat-completion request. ``params`` are wire-ready generation fields (see
         ``generation_params``). A tool-calling loop calls this once per turn."""
         payload = {**params, "model": model, "messages": list(messages)}
         settings = self._settings
         try:
-            reply = await classify.post_json(
-                self._session(),
+            reply = await http_client.post_json(
+                self._http.get(),
                 self._url,
                 payload,
-                headers=classify.request_headers(settings.headers, settings.api_key),
+                headers=http_client.request_headers(settings.headers, settings.api_key),
                 provider=self.name,
                 request_timeout=settings.request_timeout.total_seconds(),
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
             return parse_chat_reply(reply.json(self.name), self.name)
         except ExecutorError as exc:
-            raise classify.redact_error(exc, settings.api_key) from None
+            raise http_client.redact_error(exc, settings.api_key) from None
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         model = request.model or self._settings.default_model
@@ -251,6 +230,4 @@ class OpenAIExecutor:
         return ExecutionResult(output=output, usage=reply.usage or None)
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
+        await self._http.aclose()

@@ -17,9 +17,6 @@ from urllib.parse import urlsplit
 from promptsched import netguard
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError, ValidationError
-from promptsched.executors import agent, echo, openai, webhook
-from promptsched.executors.base import Executor, Registry
-from promptsched.executors.limiter import Limiter
 from promptsched.secret import Secret
 
 Kind = Literal["openai", "webhook", "echo"]
@@ -336,41 +333,3 @@ def check_webhook_url(
         raise ConfigError(
             where, f"{exc} (the webhook provider connects only where {allow.variable} allows)"
         ) from None
-
-
-def build_executor(
-    settings: ProviderSettings,
-    tools: agent.ToolSource | None = None,
-    *,
-    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
-) -> Executor:
-    """The executor for one provider (its HTTP session opens lazily on first use); ``openai``
-    ones run agent schedules with ``tools``. ``webhook`` ones connect only where
-    ``webhook_allow`` lets them (``openai`` ones are not guarded: see docs/providers.md)."""
-    if settings.kind == "openai":
-        return openai.OpenAIExecutor(settings, tools)
-    if settings.kind == "webhook":
-        check_webhook_url(settings, webhook_allow)
-        return webhook.WebhookExecutor(settings, allow=webhook_allow)
-    executor = echo.EchoExecutor()
-    executor.name = settings.name
-    return executor
-
-
-def build_registry(
-    settings: Mapping[str, ProviderSettings],
-    tools: agent.ToolSource | None = None,
-    *,
-    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
-) -> tuple[Registry, dict[str, Limiter]]:
-    """The registry of executors and one ``Limiter`` per provider, for one process. Raises
-    ``ConfigError`` for a webhook provider whose address ``webhook_allow`` refuses."""
-    executors = {
-        name: build_executor(provider, tools, webhook_allow=webhook_allow)
-        for name, provider in settings.items()
-    }
-    limiters = {
-        name: Limiter(provider.max_concurrency, provider.rate_per_second)
-        for name, provider in settings.items()
-    }
-    return Registry(executors), limiters

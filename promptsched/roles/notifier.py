@@ -26,8 +26,8 @@ from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.metrics import Metrics
+from promptsched.retry import RetryPolicy, decide
 from promptsched.roles.loop import Wakeup, run_forever
-from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.secret import Secret
 from promptsched.store import queries
 
@@ -167,7 +167,7 @@ class Notifier:
         started = anyio.current_time()
         try:
             if sender is None:
-                raise DeliveryError(f"no sender for channel {item.channel!r}", permanent=True)
+                raise DeliveryError(f"no sender for channel {item.channel!r}", retryable=False)
             with anyio.fail_after(self.timeout.total_seconds()):
                 note = await sender.send(item)
             outcomes[item.id] = Outcome("sent", note=note)
@@ -185,7 +185,7 @@ class Notifier:
 
     def _failure(self, row: asyncpg.Record, exc: DeliveryError) -> Outcome:
         decision = decide(
-            retryable=not exc.permanent,
+            retryable=exc.retryable,
             retry_after=exc.retry_after,
             attempt=row["attempts"],
             policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),

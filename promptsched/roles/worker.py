@@ -30,12 +30,12 @@ from promptsched.executors import template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
+from promptsched.retry import RetryPolicy, decide
 from promptsched.roles import autopause
 from promptsched.roles.finalizer import Finalizer, Outcome
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
 from promptsched.roles.transcript import AttemptLog
-from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")

@@ -8,6 +8,7 @@ from functools import lru_cache
 from itertools import islice
 from typing import Protocol
 
+from promptsched.errors import ValidationError
 from promptsched.schedule import cron, limits, rrule, spec, zone
 
 # Cron and RRULE are matched on the local wall clock (cron.Cron, rrule.RRule) and mapped to
@@ -232,3 +233,26 @@ def last_between(s: spec.Spec, start: datetime, end: datetime, n: int) -> list[d
             break
         found.append(t)
     return found[-n:]
+
+
+def check_fires(s: spec.Spec, now: datetime) -> datetime:
+    """The first fire strictly after `now`; raises ValidationError if the schedule never fires
+    before the end of the supported range (limits.LATEST), or fires too rarely to compute."""
+    found = next_after(s, now)
+    if found is not None:
+        return found
+    end = limits.LATEST.isoformat().replace("+00:00", "Z")
+    reason = {
+        "at": f"the time {s.expression} is already past",
+        "rrule": "its COUNT or UNTIL is exhausted, or it matches no date before then",
+        "cron": "no date matches it",
+        "every": "its first fire time is after that",
+    }[s.kind]
+    c = compiled(s)
+    if isinstance(c, spec.At) and c.instant >= limits.LATEST:
+        reason = f"{s.expression} is after the supported range"
+    raise ValidationError(
+        "expression",
+        f"the schedule never fires between {now.isoformat()} and {end} (the end of the "
+        f"supported range): {reason}",
+    )

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import ValidationError
-from promptsched.schedule import cron, limits, rrule, zone
+from promptsched.schedule import cron, rrule, zone
 
 Kind = Literal["cron", "rrule", "at", "every"]
 DstGap = Literal["shift", "skip"]
@@ -101,31 +101,6 @@ def parse_line(text: str, timezone: str = "UTC", **kw: str) -> Spec:
     if re.match(r"\d{4}-\d{2}-\d{2}", stripped):
         return parse("at", stripped, timezone, **kw)
     return parse("cron", stripped, timezone, **kw)
-
-
-def check_fires(spec: Spec, now: datetime) -> datetime:
-    """The first fire strictly after `now`; raises ValidationError if the schedule never fires
-    before the end of the supported range (limits.LATEST), or fires too rarely to compute."""
-    from promptsched.schedule import fire_times  # fire_times imports this module
-
-    found = fire_times.next_after(spec, now)
-    if found is not None:
-        return found
-    end = limits.LATEST.isoformat().replace("+00:00", "Z")
-    reason = {
-        "at": f"the time {spec.expression} is already past",
-        "rrule": "its COUNT or UNTIL is exhausted, or it matches no date before then",
-        "cron": "no date matches it",
-        "every": "its first fire time is after that",
-    }[spec.kind]
-    compiled = fire_times.compiled(spec)
-    if isinstance(compiled, At) and compiled.instant >= limits.LATEST:
-        reason = f"{spec.expression} is after the supported range"
-    raise ValidationError(
-        "expression",
-        f"the schedule never fires between {now.isoformat()} and {end} (the end of the "
-        f"supported range): {reason}",
-    )
 
 
 def load_zone(name: str) -> ZoneInfo:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from email.message import EmailMessage
-from typing import Any, cast
+from typing import Any
 
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
 
@@ -75,8 +75,7 @@ class FakeSMTP:
                 self._refuse_next = max(0, self._refuse_next - 1)
                 self.refusals += 1
                 return self._reply
-            parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
-            message = cast(EmailMessage, parsed)
+            message = email.message_from_bytes(envelope.content, policy=email.policy.default)
             self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), message))
             return "250 2.0.0 OK: queued"
         finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import email.utils
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
@@ -207,6 +207,37 @@ def open_session(
         connector = aiohttp.TCPConnector(limit=limit, resolver=resolver, use_dns_cache=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+class LazySession:
+    """One provider's session, opened on first use (and again if it was closed), closed by
+    ``aclose``. ``resolver`` builds the resolver of each new session (the address guard's)."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        max_concurrency: int,
+        resolver: Callable[[], AbstractResolver] | None = None,
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._max_concurrency = max_concurrency
+        self._resolver = resolver
+        self._http: aiohttp.ClientSession | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = open_session(
+                connect_timeout=self._connect_timeout,
+                max_concurrency=self._max_concurrency,
+                resolver=self._resolver() if self._resolver is not None else None,
+            )
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()
 
 
 def request_headers(

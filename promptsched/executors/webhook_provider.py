@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
-from promptsched.executors import classify
+from promptsched.executors import http_client
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
-
-if TYPE_CHECKING:
-    from promptsched.executors.settings import ProviderSettings
+from promptsched.executors.settings import ProviderSettings
 
 
 def idempotency_key(run_id: int) -> str:
@@ -39,7 +35,7 @@ def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any
     }
 
 
-def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
+def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
     """A JSON object with a string ``output`` gives that (and its ``usage``); any other body is
     the output as text."""
     text = reply.text()
@@ -51,7 +47,7 @@ def parse_reply(reply: classify.HttpReply, provider: str) -> ExecutionResult:
         return ExecutionResult(output=text)
     output = data["output"]
     if not isinstance(output, str):
-        raise classify.invalid_response(provider, '"output" must be a string')
+        raise http_client.invalid_response(provider, '"output" must be a string')
     usage = data.get("usage")
     counts = {
         key: value
@@ -79,16 +75,11 @@ class WebhookExecutor:
         self._settings = settings
         self._url = settings.base_url
         self._host = urlsplit(settings.base_url).hostname or ""
-        self._http: aiohttp.ClientSession | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = classify.open_session(
-                connect_timeout=self._settings.connect_timeout.total_seconds(),
-                max_concurrency=self._settings.max_concurrency,
-                resolver=netguard.GuardedResolver(self.allow),
-            )
-        return self._http
+        self._http = http_client.LazySession(
+            connect_timeout=settings.connect_timeout.total_seconds(),
+            max_concurrency=settings.max_concurrency,
+            resolver=lambda: netguard.GuardedResolver(self.allow),
+        )
 
     def _refused(self, exc: netguard.AddressRefused) -> PermanentError:
         return PermanentError(f"{self.name}: {exc}")
@@ -100,12 +91,12 @@ class WebhookExecutor:
             netguard.check_host(self._host, self.allow)
         except netguard.AddressRefused as exc:
             raise self._refused(exc) from None
-        headers = classify.request_headers(settings.headers, settings.api_key)
+        headers = http_client.request_headers(settings.headers, settings.api_key)
         headers["Idempotency-Key"] = idempotency_key(request.run_id)
         payload = build_payload(request, request.model or settings.default_model)
         try:
-            reply = await classify.post_json(
-                self._session(),
+            reply = await http_client.post_json(
+                self._http.get(),
                 self._url,
                 payload,
                 headers=headers,
@@ -117,9 +108,7 @@ class WebhookExecutor:
         except netguard.AddressRefused as exc:  # from the resolver, after DNS
             raise self._refused(exc) from None
         except ExecutorError as exc:
-            raise classify.redact_error(exc, settings.api_key) from None
+            raise http_client.redact_error(exc, settings.api_key) from None
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
+        await self._http.aclose()

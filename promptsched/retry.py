@@ -1,4 +1,5 @@
-"""Retry decisions: one pure function from an attempt's failure to the run's next state."""
+"""Retry decisions of the worker and the notifier: one pure function from a failure to what
+happens next (retry after a backoff with jitter, or dead)."""
 
 from __future__ import annotations
 
