@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs, offload
 from promptsched.clock import Clock
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
@@ -82,7 +83,8 @@ def _misfire(row: asyncpg.Record) -> policies.Misfire:
 
 @dataclass
 class _Batch:
-    """The write of one batch, built group by group (see ``queries.TickWrite``)."""
+    """The write of one batch, built group by group: a variant per group, or per schedule
+    when the group has jitter (see ``queries.TickWrite``)."""
 
     schedules: int = 0
     planned: int = 0  # run rows planned, over all schedules
@@ -90,19 +92,7 @@ class _Batch:
     plans: dict[tuple[Spec, datetime, datetime, policies.Misfire], policies.TickPlan] = field(
         default_factory=dict
     )
-    ids: list[int] = field(default_factory=list)
-    variants: list[int] = field(default_factory=list)
-    next_fire_at: list[datetime | None] = field(default_factory=list)
-    cancel: list[bool] = field(default_factory=list)
-    providers: list[str] = field(default_factory=list)
-    max_attempts: list[int] = field(default_factory=list)
-    overlap_policies: list[str] = field(default_factory=list)
-    row_variants: list[int] = field(default_factory=list)
-    slots: list[datetime] = field(default_factory=list)
-    statuses: list[str] = field(default_factory=list)
-    skip_reasons: list[str | None] = field(default_factory=list)
-    missed: list[int] = field(default_factory=list)
-    available_at: list[datetime] = field(default_factory=list)
+    variants: list[queries.Variant] = field(default_factory=list)
 
     async def plan_off_loop(self, group: asyncpg.Record) -> None:
         """An RRULE's plan is computed in a worker thread (bounded, but it may take tens of
@@ -124,7 +114,7 @@ class _Batch:
             plan = self.plans[key] = policies.plan_tick(*key)
         # Unfinished runs matter only to a plan that starts a run (cancel_other cancels them
         # only for a newer run that takes their place).
-        starts = any(run.status == "pending" for run in plan.runs)
+        starts = any(RunStatus(run.status) is RunStatus.PENDING for run in plan.runs)
         decision = overlap.apply(
             group["overlap_policy"],
             pending=group["unfinished"] if starts else 0,
@@ -137,53 +127,44 @@ class _Batch:
             self.dropped[reason] += number * len(members)
         spread: timedelta | None = group["jitter"]
         if not spread:
-            variant = self._variant(group, plan, decision, None)
-            self.ids.extend(members)
-            self.variants.extend([variant] * len(members))
+            self.variants.append(_variant(group, members, plan, decision, None))
             return
         for sid in members:  # jitter hashes (schedule, slot): one variant per schedule
-            self.ids.append(sid)
-            self.variants.append(self._variant(group, plan, decision, (sid, spread)))
-
-    def _variant(
-        self,
-        group: asyncpg.Record,
-        plan: policies.TickPlan,
-        decision: overlap.OverlapDecision,
-        jittered: tuple[int, timedelta] | None,
-    ) -> int:
-        self.next_fire_at.append(plan.next_fire_at)
-        self.cancel.append(decision.cancel_unfinished)
-        self.providers.append(group["provider"])
-        self.max_attempts.append(group["max_attempts"])
-        self.overlap_policies.append(group["overlap_policy"])
-        variant = len(self.next_fire_at)
-        for run in decision.runs:
-            self.row_variants.append(variant)
-            self.slots.append(run.slot)
-            self.statuses.append(run.status)
-            self.skip_reasons.append(run.skip_reason)
-            self.missed.append(run.missed)
-            delay = jitter.offset(jittered[0], run.slot, jittered[1]) if jittered else None
-            self.available_at.append(run.slot + delay if delay else run.slot)
-        return variant
+            self.variants.append(_variant(group, [sid], plan, decision, spread))
 
     def write(self) -> queries.TickWrite:
-        return queries.TickWrite(
-            schedule_ids=self.ids,
-            variants=self.variants,
-            next_fire_at=self.next_fire_at,
-            cancel=self.cancel,
-            providers=self.providers,
-            max_attempts=self.max_attempts,
-            overlap_policies=self.overlap_policies,
-            row_variants=self.row_variants,
-            slots=self.slots,
-            statuses=self.statuses,
-            skip_reasons=self.skip_reasons,
-            missed=self.missed,
-            available_at=self.available_at,
+        return queries.TickWrite(self.variants)
+
+
+def _variant(
+    group: asyncpg.Record,
+    members: list[int],
+    plan: policies.TickPlan,
+    decision: overlap.OverlapDecision,
+    spread: timedelta | None,
+) -> queries.Variant:
+    """The variant ``members`` follow; with ``spread``, jittered for its one schedule."""
+    runs = []
+    for run in decision.runs:
+        delay = jitter.offset(members[0], run.slot, spread) if spread else None
+        runs.append(
+            queries.PlannedRun(
+                slot=run.slot,
+                status=RunStatus(run.status),
+                skip_reason=run.skip_reason,
+                missed=run.missed,
+                available_at=run.slot + delay if delay else run.slot,
+            )
         )
+    return queries.Variant(
+        schedule_ids=members,
+        next_fire_at=plan.next_fire_at,
+        cancel=decision.cancel_unfinished,
+        provider=group["provider"],
+        max_attempts=group["max_attempts"],
+        overlap_policy=group["overlap_policy"],
+        runs=runs,
+    )
 
 
 class Scheduler:
@@ -307,8 +288,9 @@ class Scheduler:
         # is news), an enqueued one at debug (a 9 o'clock rush writes thousands, so the
         # statement returns those only when debug is on).
         for run_id, schedule_id, slot, status, skip_reason, missed in result["logged"]:
-            (log.debug if status == "pending" else log.info)(
-                "run.enqueued" if status == "pending" else "run.skipped",
+            pending = status == RunStatus.PENDING
+            (log.debug if pending else log.info)(
+                "run.enqueued" if pending else "run.skipped",
                 run_id=run_id,
                 schedule_id=schedule_id,
                 slot=slot.isoformat(),

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from asyncpg import Record
 
+from promptsched.domain import RunStatus
 from promptsched.store.sqlfiles import queries as _load
 
 _Q = _load()
@@ -88,51 +89,95 @@ async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int 
 
 
 @dataclass(frozen=True, slots=True)
-class TickWrite:
-    """One batch for ``schedule_tick``: each schedule follows one variant of the batch's plans.
+class PlannedRun:
+    """One run row a tick writes for a slot: ``pending`` (from ``available_at``, the slot plus
+    any jitter) or ``skipped`` with its reason; ``missed`` counts the slots it stands for."""
 
-    Per schedule: ``schedule_ids``, ``variants`` (a 1-based index into the per-variant lists).
-    Per variant: ``next_fire_at`` (None: never fires again), ``cancel`` (cancel its unfinished
-    runs), and the schedule columns its runs copy. Per run row: ``row_variants`` and the row.
-    """
+    slot: datetime
+    status: RunStatus
+    skip_reason: str | None
+    missed: int
+    available_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """What a set of schedules in one batch have in common: their new cursor (None: never
+    fires again), whether their unfinished runs are cancelled (overlap cancel_other), the
+    columns their runs copy, and the run rows each of them gets."""
 
     schedule_ids: Sequence[int]
-    variants: Sequence[int]
-    next_fire_at: Sequence[datetime | None]
-    cancel: Sequence[bool]
-    providers: Sequence[str]
-    max_attempts: Sequence[int]
-    overlap_policies: Sequence[str]
-    row_variants: Sequence[int]
-    slots: Sequence[datetime]
-    statuses: Sequence[str]
-    skip_reasons: Sequence[str | None]
-    missed: Sequence[int]
-    available_at: Sequence[datetime]
+    next_fire_at: datetime | None
+    cancel: bool
+    provider: str
+    max_attempts: int
+    overlap_policy: str
+    runs: Sequence[PlannedRun]
+
+
+@dataclass(frozen=True, slots=True)
+class TickWrite:
+    """One batch for ``schedule_tick``: every schedule it locked follows exactly one variant."""
+
+    variants: Sequence[Variant]
+
+    @property
+    def schedule_ids(self) -> list[int]:
+        return [sid for variant in self.variants for sid in variant.schedule_ids]
+
+    def arrays(self) -> tuple[list[Any], ...]:
+        """The statement's parameters $2..$14: the one place the named structures become the
+        parallel arrays ``unnest`` reads (variants numbered from 1, as WITH ORDINALITY does)."""
+        ids: list[int] = []
+        of: list[int] = []
+        cursor: list[datetime | None] = []
+        cancel: list[bool] = []
+        provider: list[str] = []
+        max_attempts: list[int] = []
+        overlap_policy: list[str] = []
+        row_variant: list[int] = []
+        slot: list[datetime] = []
+        status: list[str] = []
+        skip_reason: list[str | None] = []
+        missed: list[int] = []
+        available_at: list[datetime] = []
+        for number, variant in enumerate(self.variants, start=1):
+            ids.extend(variant.schedule_ids)
+            of.extend([number] * len(variant.schedule_ids))
+            cursor.append(variant.next_fire_at)
+            cancel.append(variant.cancel)
+            provider.append(variant.provider)
+            max_attempts.append(variant.max_attempts)
+            overlap_policy.append(variant.overlap_policy)
+            for run in variant.runs:
+                row_variant.append(number)
+                slot.append(run.slot)
+                status.append(run.status)
+                skip_reason.append(run.skip_reason)
+                missed.append(run.missed)
+                available_at.append(run.available_at)
+        return (
+            ids,
+            of,
+            cursor,
+            cancel,
+            provider,
+            max_attempts,
+            overlap_policy,
+            row_variant,
+            slot,
+            status,
+            skip_reason,
+            missed,
+            available_at,
+        )
 
 
 async def schedule_tick(
     db: DB, now: datetime | None, write: TickWrite, *, all_rows: bool
 ) -> Record:
     """Advance the cursors and insert the run rows of a batch locked by schedule_take_due."""
-    row = await db.fetchrow(
-        _Q["schedule_tick"],
-        now,
-        write.schedule_ids,
-        write.variants,
-        write.next_fire_at,
-        write.cancel,
-        write.providers,
-        write.max_attempts,
-        write.overlap_policies,
-        write.row_variants,
-        write.slots,
-        write.statuses,
-        write.skip_reasons,
-        write.missed,
-        write.available_at,
-        all_rows,
-    )
+    row = await db.fetchrow(_Q["schedule_tick"], now, *write.arrays(), all_rows)
     assert row is not None
     return row
 
