@@ -116,21 +116,14 @@ WITH input AS (
     WHERE a.attempt_id = f.attempt_id
 ), owed AS (
     -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the finish landed (notify_channels, 0002_outbox.sql, reads
-    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                        available_at, created_at)
-    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
-           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    -- so they exist exactly when the finish landed: outbox_owe (0007_outbox_owe.sql) is the
+    -- one definition of what a final state owes, shared with run_reap_expired.
+    SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
+                      coalesce($1::timestamptz, now())) AS written
     FROM finished f
-    JOIN notify_channels c ON c.schedule_id = f.schedule_id
-    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
 ), woke AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    SELECT pg_notify('promptsched_outbox', 'finish') FROM (SELECT 1 FROM owed LIMIT 1) o
+    SELECT pg_notify('promptsched_outbox', 'finish') FROM owed WHERE owed.written > 0
 )
 SELECT coalesce(array_agg(id), '{}') AS landed, (SELECT count(*) FROM woke)::int AS woken
 FROM finished;
@@ -193,21 +186,14 @@ WITH expired AS (
     FROM reaped WHERE a.attempt_id = reaped.attempt_id
 ), owed AS (
     -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the reap landed (notify_channels, 0002_outbox.sql, reads
-    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                        available_at, created_at)
-    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
-           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    -- so they exist exactly when the reap landed: outbox_owe (0007_outbox_owe.sql) is the
+    -- one definition of what a final state owes, shared with run_finish_many.
+    SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
+                      coalesce($1::timestamptz, now())) AS written
     FROM reaped f
-    JOIN notify_channels c ON c.schedule_id = f.schedule_id
-    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
 ), woke AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    SELECT pg_notify('promptsched_outbox', 'reap') FROM (SELECT 1 FROM owed LIMIT 1) o
+    SELECT pg_notify('promptsched_outbox', 'reap') FROM owed WHERE owed.written > 0
 )
 SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
        (SELECT count(*) FROM woke)::int AS woken
