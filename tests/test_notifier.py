@@ -432,8 +432,8 @@ async def test_an_expired_claim_is_taken_back_and_the_late_writer_is_fenced(
     landed = await queries.outbox_settle_many(
         pool,
         clock.sql_now(),
-        [stale["id"]],
-        [stale["claim_token"]],
+        [stale.id],
+        [stale.claim_token],
         ["pending"],
         [timedelta(seconds=5)],
         ["too late"],

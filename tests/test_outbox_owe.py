@@ -109,11 +109,11 @@ async def test_a_finish_and_a_reap_owe_each_target_that_asked_for_the_event(
     )
     assert landed == {rid for rid, _ in finishes.values()}
     reaped = await queries.run_reap_expired(pool, T0, 10, timedelta(minutes=1))
-    assert {(r["id"], r["status"]) for r in reaped} == {
+    assert {(r.id, r.status) for r in reaped} == {
         (reaped_both, RunStatus.DEAD),
         (reaped_success_only, RunStatus.DEAD),
     }
-    assert all(r["woken"] == 1 for r in reaped)
+    assert all(r.woken == 1 for r in reaped)
 
     public_hook = HOOK  # the secret never reaches the outbox
     email_a, email_b = ["a@example.com"], ["b@example.com"]
@@ -132,7 +132,7 @@ async def test_a_finish_and_a_reap_owe_each_target_that_asked_for_the_event(
 async def test_owing_the_same_event_again_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
     sid = await _schedule(pool, {"email": ["a@example.com"], "webhook": HOOK})
     rid, _ = await _running(pool, sid, timedelta(seconds=-1))
-    assert [r["status"] for r in await queries.run_reap_expired(pool, T0, 10, timedelta())] == [
+    assert [r.status for r in await queries.run_reap_expired(pool, T0, 10, timedelta())] == [
         RunStatus.DEAD
     ]
     written = await pool.fetchval(

@@ -670,7 +670,7 @@ async def test_a_full_batch_starts_the_next_one_while_it_writes(
 
     async def take(*args: Any, **kwargs: Any) -> Any:
         groups = await real_take(*args, **kwargs)
-        taken.append([sid for g in groups for sid in g["ids"]])
+        taken.append([sid for g in groups for sid in g.ids])
         if len(taken) == 2:
             second_took.set()
         return groups

@@ -25,6 +25,7 @@ from promptsched.clock import Clock
 from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
+from promptsched.domain import OutboxStatus, OwedNotification
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.schedule.backoff import RetryPolicy, decide
@@ -50,32 +51,40 @@ def build_senders(config: Config) -> dict[str, Sender]:
     }
 
 
+# The name each settled status is counted and logged under.
+_OUTCOME_NAMES = {
+    OutboxStatus.SENT: "sent",
+    OutboxStatus.PENDING: "retry",
+    OutboxStatus.DEAD: "dead",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # sent | pending (retry) | dead
+    status: OutboxStatus  # sent | pending (retry) | dead
     retry_in: timedelta | None = None
     error: str | None = None
     note: str | None = None
 
 
-def notification(row: asyncpg.Record) -> Notification:
-    secret = row["webhook_secret"]
+def notification(row: OwedNotification) -> Notification:
+    secret = row.webhook_secret
     return Notification(
-        id=row["id"],
-        idempotency_key=row["idempotency_key"],
-        channel=row["channel"],
-        event=row["event"],
-        target=row["target"],
-        schedule_id=row["schedule_id"],
-        schedule_name=row["schedule_name"],
-        timezone=row["timezone"],
-        run_id=row["run_id"],
-        slot=row["slot"],
-        origin=row["origin"],
-        run_attempts=row["run_attempts"],
-        output=row["output"],
-        error=row["error"],
-        finished_at=row["finished_at"],
+        id=row.id,
+        idempotency_key=row.idempotency_key,
+        channel=row.channel,
+        event=row.event,
+        target=row.target,
+        schedule_id=row.schedule_id,
+        schedule_name=row.schedule_name,
+        timezone=row.timezone,
+        run_id=row.run_id,
+        slot=row.slot,
+        origin=row.origin,
+        run_attempts=row.run_attempts,
+        output=row.output,
+        error=row.error,
+        finished_at=row.finished_at,
         webhook_secret=Secret(secret) if secret else None,
     )
 
@@ -143,7 +152,7 @@ class Notifier:
             )
         return counts
 
-    async def _deliver(self, rows: list[asyncpg.Record]) -> Counter[str]:
+    async def _deliver(self, rows: list[OwedNotification]) -> Counter[str]:
         outcomes: dict[int, Outcome] = {}
         try:
             async with anyio.create_task_group() as tg:
@@ -154,14 +163,14 @@ class Notifier:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await self._settle(rows, outcomes)
             raise
-        if self.crash_after_send and any(o.status == "sent" for o in outcomes.values()):
+        if self.crash_after_send and any(o.status is OutboxStatus.SENT for o in outcomes.values()):
             os.kill(os.getpid(), signal.SIGKILL)  # the test hook (CRASH_AFTER_SEND_ENV)
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             return await self._settle(rows, outcomes)
         # The database did not answer in time: the claims expire and are sent again.
         return Counter()
 
-    async def _send_one(self, row: asyncpg.Record, outcomes: dict[int, Outcome]) -> None:
+    async def _send_one(self, row: OwedNotification, outcomes: dict[int, Outcome]) -> None:
         item = notification(row)
         sender = self.senders.get(item.channel)
         started = anyio.current_time()
@@ -170,7 +179,7 @@ class Notifier:
                 raise DeliveryError(f"no sender for channel {item.channel!r}", permanent=True)
             with anyio.fail_after(self.timeout.total_seconds()):
                 note = await sender.send(item)
-            outcomes[item.id] = Outcome("sent", note=note)
+            outcomes[item.id] = Outcome(OutboxStatus.SENT, note=note)
         except DeliveryError as exc:
             outcomes[item.id] = self._failure(row, exc)
         except TimeoutError:
@@ -183,28 +192,30 @@ class Notifier:
             elapsed = anyio.current_time() - started
             self.metrics.delivery_duration.labels(item.channel).observe(elapsed)
 
-    def _failure(self, row: asyncpg.Record, exc: DeliveryError) -> Outcome:
+    def _failure(self, row: OwedNotification, exc: DeliveryError) -> Outcome:
         decision = decide(
             retryable=not exc.permanent,
             retry_after=exc.retry_after,
-            attempt=row["attempts"],
-            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+            attempt=row.attempts,
+            policy=RetryPolicy(row.max_attempts, self.retry_base, self.retry_max),
             jitter=random.random(),
         )
         if decision.action == "retry":
-            return Outcome("pending", retry_in=decision.delay, error=exc.message)
-        return Outcome("dead", error=exc.message)
+            return Outcome(OutboxStatus.PENDING, retry_in=decision.delay, error=exc.message)
+        return Outcome(OutboxStatus.DEAD, error=exc.message)
 
     async def _settle(
-        self, rows: list[asyncpg.Record], outcomes: dict[int, Outcome]
+        self, rows: list[OwedNotification], outcomes: dict[int, Outcome]
     ) -> Counter[str]:
-        released = Outcome("pending", error="released: the notifier stopped while sending")
-        chosen = {row["id"]: outcomes.get(row["id"], released) for row in rows}
+        released = Outcome(
+            OutboxStatus.PENDING, error="released: the notifier stopped while sending"
+        )
+        chosen = {row.id: outcomes.get(row.id, released) for row in rows}
         landed = await queries.outbox_settle_many(
             self.pool,
             self.clock.sql_now(),
-            [row["id"] for row in rows],
-            [row["claim_token"] for row in rows],
+            [row.id for row in rows],
+            [row.claim_token for row in rows],
             [outcome.status for outcome in chosen.values()],
             [outcome.retry_in for outcome in chosen.values()],
             [outcome.error for outcome in chosen.values()],
@@ -212,17 +223,17 @@ class Notifier:
         lags = {row["id"]: row["lag"] for row in landed}
         counts: Counter[str] = Counter()
         for row in rows:
-            name = self._record(row, chosen[row["id"]], row["id"] in outcomes, lags)
+            name = self._record(row, chosen[row.id], row.id in outcomes, lags)
             counts[name] += 1
         return counts
 
     def _record(
-        self, row: asyncpg.Record, outcome: Outcome, attempted: bool, lags: dict[int, float]
+        self, row: OwedNotification, outcome: Outcome, attempted: bool, lags: dict[int, float]
     ) -> str:
         """Count and log one transition; returns the outcome's name."""
-        channel = row["channel"]
-        name = {"sent": "sent", "pending": "retry", "dead": "dead"}[outcome.status]
-        if row["id"] not in lags:
+        channel = row.channel
+        name = _OUTCOME_NAMES[outcome.status]
+        if row.id not in lags:
             name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
             self.metrics.fenced_writes.labels("outbox_mark").inc()
         elif not attempted:
@@ -231,15 +242,15 @@ class Notifier:
         label = "delivered" if name == "sent" else name
         self.metrics.deliveries.labels(channel, label).inc()
         if name == "sent":
-            self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row["id"]]))
+            self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row.id]))
         fields = {
-            "notification_id": row["id"],
-            "run_id": row["run_id"],
-            "schedule_id": row["schedule_id"],
+            "notification_id": row.id,
+            "run_id": row.run_id,
+            "schedule_id": row.schedule_id,
             "channel": channel,
-            "run_status": row["event"],
-            "attempt": row["attempts"],
-            "idempotency_key": row["idempotency_key"],
+            "run_status": row.event,
+            "attempt": row.attempts,
+            "idempotency_key": row.idempotency_key,
         }
         if name == "sent":
             log.info("notification.sent", note=outcome.note, **fields)

@@ -26,7 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs, offload
 from promptsched.clock import Clock
-from promptsched.domain import RunStatus
+from promptsched.domain import DueGroup, RunStatus
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
@@ -69,16 +69,12 @@ def _misfire_of(
     )
 
 
-def _spec(row: asyncpg.Record) -> Spec:
-    return _spec_of(
-        row["kind"], row["expression"], row["timezone"], row["dst_gap"], row["dst_fold"]
-    )
+def _spec(row: DueGroup) -> Spec:
+    return _spec_of(row.kind, row.expression, row.timezone, row.dst_gap, row.dst_fold)
 
 
-def _misfire(row: asyncpg.Record) -> policies.Misfire:
-    return _misfire_of(
-        row["misfire_policy"], row["misfire_cap"], row["catchup_window"], row["misfire_grace"]
-    )
+def _misfire(row: DueGroup) -> policies.Misfire:
+    return _misfire_of(row.misfire_policy, row.misfire_cap, row.catchup_window, row.misfire_grace)
 
 
 @dataclass
@@ -94,21 +90,21 @@ class _Batch:
     )
     variants: list[queries.Variant] = field(default_factory=list)
 
-    async def plan_off_loop(self, group: asyncpg.Record) -> None:
+    async def plan_off_loop(self, group: DueGroup) -> None:
         """An RRULE's plan is computed in a worker thread (bounded, but it may take tens of
         milliseconds); cron, `every` and `at` plan in closed form on the loop. A deadline
         raises TimeoutError, which fails the batch for the next tick to retry."""
-        if group["kind"] != "rrule":
+        if group.kind != "rrule":
             return
-        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+        key = (_spec(group), group.next_fire_at, group.db_now, _misfire(group))
         if key not in self.plans:
             self.plans[key] = await offload.run(
                 lambda: policies.plan_tick(*key), field=None, lane="scheduler"
             )
 
-    def add_group(self, group: asyncpg.Record) -> None:
-        members: list[int] = group["ids"]
-        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+    def add_group(self, group: DueGroup) -> None:
+        members = group.ids
+        key = (_spec(group), group.next_fire_at, group.db_now, _misfire(group))
         plan = self.plans.get(key)
         if plan is None:  # groups that differ only in overlap or copied columns share it
             plan = self.plans[key] = policies.plan_tick(*key)
@@ -116,8 +112,8 @@ class _Batch:
         # only for a newer run that takes their place).
         starts = any(RunStatus(run.status) is RunStatus.PENDING for run in plan.runs)
         decision = overlap.apply(
-            group["overlap_policy"],
-            pending=group["unfinished"] if starts else 0,
+            group.overlap_policy,  # type: ignore[arg-type]  # the schema CHECK holds these
+            pending=group.unfinished if starts else 0,
             running=0,
             planned=plan.runs,
         )
@@ -125,7 +121,7 @@ class _Batch:
         self.planned += len(decision.runs) * len(members)
         for reason, number in plan.dropped.items():
             self.dropped[reason] += number * len(members)
-        spread: timedelta | None = group["jitter"]
+        spread = group.jitter
         if not spread:
             self.variants.append(_variant(group, members, plan, decision, None))
             return
@@ -137,7 +133,7 @@ class _Batch:
 
 
 def _variant(
-    group: asyncpg.Record,
+    group: DueGroup,
     members: list[int],
     plan: policies.TickPlan,
     decision: overlap.OverlapDecision,
@@ -160,9 +156,9 @@ def _variant(
         schedule_ids=members,
         next_fire_at=plan.next_fire_at,
         cancel=decision.cancel_unfinished,
-        provider=group["provider"],
-        max_attempts=group["max_attempts"],
-        overlap_policy=group["overlap_policy"],
+        provider=group.provider,
+        max_attempts=group.max_attempts,
+        overlap_policy=group.overlap_policy,
         runs=runs,
     )
 
@@ -239,7 +235,7 @@ class Scheduler:
                         await batch.plan_off_loop(group)
                         batch.add_group(group)
                     except ValidationError as exc:  # one unreadable schedule must not stop
-                        await self._pause_unplannable(conn, group["ids"], exc)  # the rest
+                        await self._pause_unplannable(conn, group.ids, exc)  # the rest
                 if taken >= self.batch:
                     more()
                 if not batch.schedules:

@@ -10,7 +10,14 @@ from uuid import UUID
 
 from asyncpg import Record
 
-from promptsched.domain import RunStatus
+from promptsched.domain import (
+    DueGroup,
+    OutboxEvent,
+    OwedNotification,
+    ReapedRun,
+    RunOrigin,
+    RunStatus,
+)
 from promptsched.store.sqlfiles import queries as _load
 
 _Q = _load()
@@ -62,17 +69,17 @@ async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | 
     return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
 
 
-class DueBatch(list[Record]):
+class DueBatch(list[DueGroup]):
     """The groups of due schedules one batch locked, plus ``claimable``: how many due schedules
     it could have taken had no other scheduler held any (capped at what it asked for)."""
 
-    def __init__(self, groups: list[Record], claimable: int) -> None:
+    def __init__(self, groups: list[DueGroup], claimable: int) -> None:
         super().__init__(groups)
         self.claimable = claimable
 
     @property
     def taken(self) -> int:
-        return sum(len(group["ids"]) for group in self)
+        return sum(len(group.ids) for group in self)
 
     @property
     def contended(self) -> int:
@@ -85,7 +92,29 @@ async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int 
     ``held``: due schedules this process's own other batches hold now (not contention)."""
     found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
     claimable: int = found[0]["claimable"] if found else 0
-    return DueBatch([row for row in found if row["ids"] is not None], claimable)
+    return DueBatch([_due_group(row) for row in found if row["ids"] is not None], claimable)
+
+
+def _due_group(row: Record) -> DueGroup:
+    return DueGroup(
+        ids=row["ids"],
+        kind=row["kind"],
+        expression=row["expression"],
+        timezone=row["timezone"],
+        dst_gap=row["dst_gap"],
+        dst_fold=row["dst_fold"],
+        next_fire_at=row["next_fire_at"],
+        misfire_policy=row["misfire_policy"],
+        misfire_cap=row["misfire_cap"],
+        misfire_grace=row["misfire_grace"],
+        catchup_window=row["catchup_window"],
+        overlap_policy=row["overlap_policy"],
+        jitter=row["jitter"],
+        provider=row["provider"],
+        max_attempts=row["max_attempts"],
+        unfinished=row["unfinished"],
+        db_now=row["db_now"],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +360,9 @@ async def run_release_many(
 
 async def run_reap_expired(
     db: DB, now: datetime | None, limit: int, deadline_grace: timedelta
-) -> list[Record]:
-    return await db.fetch(_Q["run_reap_expired"], now, limit, deadline_grace)
+) -> list[ReapedRun]:
+    rows = await db.fetch(_Q["run_reap_expired"], now, limit, deadline_grace)
+    return [ReapedRun(**{**row, "status": RunStatus(row["status"])}) for row in rows]
 
 
 async def run_seconds_until_available(
@@ -445,8 +475,19 @@ async def outbox_reclaim_expired(db: DB, now: datetime | None, limit: int) -> li
 
 async def outbox_claim_batch(
     db: DB, now: datetime | None, limit: int, lease: timedelta, max_attempts: int
-) -> list[Record]:
-    return await db.fetch(_Q["outbox_claim_batch"], now, limit, lease, max_attempts)
+) -> list[OwedNotification]:
+    rows = await db.fetch(_Q["outbox_claim_batch"], now, limit, lease, max_attempts)
+    return [
+        OwedNotification(
+            **{
+                **row,
+                "event": OutboxEvent(row["event"]),
+                "origin": RunOrigin(row["origin"]),
+                "run_status": RunStatus(row["run_status"]),
+            }
+        )
+        for row in rows
+    ]
 
 
 async def outbox_settle_many(
