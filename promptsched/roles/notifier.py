@@ -22,6 +22,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
+from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
@@ -36,11 +37,11 @@ if TYPE_CHECKING:
     from promptsched.config import Config
 
 log = structlog.get_logger("notifier")
+_DEFAULTS = NotifierSettings()
 
-# Test hook: set in the environment of `promptsched run` to make the notifier SIGKILL its own
-# process right after a batch was sent and before it is marked sent, so a test can show the
-# re-send after a crash deterministically. Never set it in production.
-CRASH_AFTER_SEND_ENV = "PROMPTSCHED_TEST_CRASH_AFTER_SEND"
+# Test hook: with config.CRASH_AFTER_SEND_ENV set in the environment of `promptsched run`, the
+# notifier SIGKILLs its own process right after a batch was sent and before it is marked sent,
+# so a test can show the re-send after a crash deterministically. Never set it in production.
 
 
 def build_senders(config: Config) -> dict[str, Sender]:
@@ -96,28 +97,20 @@ class Notifier:
         clock: Clock,
         metrics: Metrics,
         senders: Mapping[str, Sender],
-        *,
-        lease: timedelta = timedelta(minutes=2),
-        timeout: timedelta = timedelta(seconds=30),
-        max_attempts: int = 10,
-        retry_base: timedelta = timedelta(seconds=10),
-        retry_max: timedelta = timedelta(hours=1),
-        batch: int = 20,
-        max_sleep: timedelta = timedelta(seconds=5),
-        crash_after_send: bool = False,
+        settings: NotifierSettings = _DEFAULTS,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         self.senders = dict(senders)
-        self.lease = lease
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self.retry_base = retry_base
-        self.retry_max = retry_max
-        self.batch = batch
-        self.max_sleep = max_sleep
-        self.crash_after_send = crash_after_send
+        self.lease = settings.lease
+        self.timeout = settings.timeout
+        self.max_attempts = settings.max_attempts
+        self.retry_base = settings.retry_base
+        self.retry_max = settings.retry_max
+        self.batch = settings.batch
+        self.max_sleep = settings.max_sleep
+        self.crash_after_send = settings.crash_after_send
         self.wakeup = Wakeup()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -164,7 +157,7 @@ class Notifier:
                 await self._settle(rows, outcomes)
             raise
         if self.crash_after_send and any(o.status is OutboxStatus.SENT for o in outcomes.values()):
-            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (CRASH_AFTER_SEND_ENV)
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (config.CRASH_AFTER_SEND_ENV)
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             return await self._settle(rows, outcomes)
         # The database did not answer in time: the claims expire and are sent again.

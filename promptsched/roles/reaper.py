@@ -4,7 +4,6 @@ lost) or to dead when its attempts are used up; a run far past its deadline like
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -13,6 +12,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
+from promptsched.config import ReaperSettings
 from promptsched.domain import RunStatus
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
@@ -31,18 +31,15 @@ class Reaper:
         pool: asyncpg.Pool[Any],
         clock: Clock,
         metrics: Metrics,
-        *,
-        deadline_grace: timedelta,
-        batch: int = 500,
-        max_sleep: timedelta = timedelta(seconds=5),
+        settings: ReaperSettings,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         # The worker enforces the timeout itself; the reaper steps in only after this grace.
-        self.deadline_grace = deadline_grace
-        self.batch = batch
-        self.max_sleep = max_sleep
+        self.deadline_grace = settings.deadline_grace
+        self.batch = settings.batch
+        self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
 
     async def run_once(self) -> Counter[str]:

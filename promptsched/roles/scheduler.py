@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs, offload
 from promptsched.clock import Clock
+from promptsched.config import SchedulerSettings
 from promptsched.domain import DueGroup, RunStatus
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
@@ -35,6 +36,7 @@ from promptsched.schedule.spec import Spec
 from promptsched.store import queries
 
 log = structlog.get_logger("scheduler")
+_DEFAULTS = SchedulerSettings()
 
 
 @dataclass(slots=True)
@@ -169,17 +171,14 @@ class Scheduler:
         pool: asyncpg.Pool[Any],
         clock: Clock,
         metrics: Metrics,
-        *,
-        batch: int = 500,
-        max_sleep: timedelta = timedelta(seconds=5),
-        pipeline: int = 2,
+        settings: SchedulerSettings = _DEFAULTS,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
-        self.batch = batch
-        self.max_sleep = max_sleep
-        self.pipeline = max(1, pipeline)
+        self.batch = settings.batch
+        self.max_sleep = settings.max_sleep
+        self.pipeline = max(1, settings.pipeline)
         self.wakeup = Wakeup()
         # Due schedules locked by this process's batches in flight: what a pipelined batch
         # finds locked by its siblings is not contention with another replica.
