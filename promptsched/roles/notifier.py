@@ -103,14 +103,7 @@ class Notifier:
         self.clock = clock
         self.metrics = metrics
         self.senders = dict(senders)
-        self.lease = settings.lease
-        self.timeout = settings.timeout
-        self.max_attempts = settings.max_attempts
-        self.retry_base = settings.retry_base
-        self.retry_max = settings.retry_max
-        self.batch = settings.batch
-        self.max_sleep = settings.max_sleep
-        self.crash_after_send = settings.crash_after_send
+        self.settings = settings
         self.wakeup = Wakeup()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -123,7 +116,11 @@ class Notifier:
         counts = await self._reclaim()
         while True:
             rows = await queries.outbox_claim_batch(
-                self.pool, self.clock.sql_now(), self.batch, self.lease, self.max_attempts
+                self.pool,
+                self.clock.sql_now(),
+                self.settings.batch,
+                self.settings.lease,
+                self.settings.max_attempts,
             )
             if not rows:
                 return counts
@@ -156,7 +153,9 @@ class Notifier:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await self._settle(rows, outcomes)
             raise
-        if self.crash_after_send and any(o.status is OutboxStatus.SENT for o in outcomes.values()):
+        if self.settings.crash_after_send and any(
+            o.status is OutboxStatus.SENT for o in outcomes.values()
+        ):
             os.kill(os.getpid(), signal.SIGKILL)  # the test hook (config.CRASH_AFTER_SEND_ENV)
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             return await self._settle(rows, outcomes)
@@ -170,13 +169,13 @@ class Notifier:
         try:
             if sender is None:
                 raise DeliveryError(f"no sender for channel {item.channel!r}", permanent=True)
-            with anyio.fail_after(self.timeout.total_seconds()):
+            with anyio.fail_after(self.settings.timeout.total_seconds()):
                 note = await sender.send(item)
             outcomes[item.id] = Outcome(OutboxStatus.SENT, note=note)
         except DeliveryError as exc:
             outcomes[item.id] = self._failure(row, exc)
         except TimeoutError:
-            seconds = self.timeout.total_seconds()
+            seconds = self.settings.timeout.total_seconds()
             outcomes[item.id] = self._failure(row, DeliveryError(f"timed out after {seconds:g}s"))
         except Exception as exc:  # a sender bug must not take the batch down
             log.exception("notification.sender_crashed", notification_id=item.id)
@@ -190,7 +189,7 @@ class Notifier:
             retryable=not exc.permanent,
             retry_after=exc.retry_after,
             attempt=row.attempts,
-            policy=RetryPolicy(row.max_attempts, self.retry_base, self.retry_max),
+            policy=RetryPolicy(row.max_attempts, self.settings.retry_base, self.settings.retry_max),
             jitter=random.random(),
         )
         if decision.action == "retry":
@@ -259,7 +258,7 @@ class Notifier:
     async def _tick(self) -> float:
         await self.run_once()
         ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
-        cap = self.max_sleep.total_seconds()
+        cap = self.settings.max_sleep.total_seconds()
         # A claim that expires wakes us just after, to take it back.
         return cap if ahead is None else max(0.01, min(cap, ahead + 0.01))
 

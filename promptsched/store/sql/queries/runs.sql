@@ -115,9 +115,8 @@ WITH input AS (
     FROM finished f
     WHERE a.attempt_id = f.attempt_id
 ), owed AS (
-    -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the finish landed: outbox_owe (0007_outbox_owe.sql) is the
-    -- one definition of what a final state owes, shared with run_reap_expired.
+    -- Invariant 5: what the finished runs owe (outbox_owe, 0007_outbox_owe.sql) is written by
+    -- this very statement, so the outbox rows exist exactly when the finish landed.
     SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
                       coalesce($1::timestamptz, now())) AS written
     FROM finished f
@@ -185,14 +184,12 @@ WITH expired AS (
         error = CASE WHEN reaped.lease_lost THEN 'lease expired' ELSE 'deadline passed' END
     FROM reaped WHERE a.attempt_id = reaped.attempt_id
 ), owed AS (
-    -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the reap landed: outbox_owe (0007_outbox_owe.sql) is the
-    -- one definition of what a final state owes, shared with run_finish_many.
-    SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
+    -- Invariant 5, as run_finish_many: a reaped run that went dead owes its failure
+    -- notifications, written by the reap itself (a retry or a cancel owes nothing).
+    SELECT outbox_owe(array_agg(r.id), array_agg(r.schedule_id), array_agg(r.status),
                       coalesce($1::timestamptz, now())) AS written
-    FROM reaped f
+    FROM reaped r
 ), woke AS (
-    -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
     SELECT pg_notify('promptsched_outbox', 'reap') FROM owed WHERE owed.written > 0
 )
 SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
