@@ -22,6 +22,76 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 SMTP_TLS = ("none", "starttls", "tls")
 
 
+# What each role is handed by the composition root (supervisor.py): a frozen group of the
+# settings it reads, so a role's constructor names exactly what it depends on. ``Config``
+# below is the parsed, validated edge (one field per variable, TOML key and ``run`` flag);
+# its properties of the same names build these groups.
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseSettings:
+    url: str | None = None
+    # A session connection (never a transaction pooler) for LISTEN; None: ``url``.
+    direct_url: str | None = None
+    statement_cache_size: int = 100
+    data_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    batch: int = 500
+    max_sleep: timedelta = timedelta(seconds=5)
+    pipeline: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    slots: int = 4
+    worker_id: str | None = None  # None: default_worker_id() (host and pid)
+    lease: timedelta = timedelta(seconds=30)
+    heartbeat: timedelta = timedelta(seconds=10)
+    drain_grace: timedelta = timedelta(seconds=10)
+    retry_base: timedelta = timedelta(seconds=2)
+    retry_max: timedelta = timedelta(hours=1)
+    max_sleep: timedelta = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class ReaperSettings:
+    # The worker enforces the timeout itself; the reaper steps in only after this grace.
+    deadline_grace: timedelta = timedelta(seconds=30)
+    batch: int = 500
+    max_sleep: timedelta = timedelta(seconds=5)
+    # Finished runs older than this are deleted by the retention role (0 keeps them forever).
+    retention: timedelta = timedelta(days=30)
+
+
+@dataclass(frozen=True, slots=True)
+class NotifierSettings:
+    lease: timedelta = timedelta(minutes=2)
+    timeout: timedelta = timedelta(seconds=30)
+    max_attempts: int = 10
+    retry_base: timedelta = timedelta(seconds=10)
+    retry_max: timedelta = timedelta(hours=1)
+    batch: int = 20
+    max_sleep: timedelta = timedelta(seconds=5)
+    crash_after_send: bool = False  # the test hook (roles/notifier.py CRASH_AFTER_SEND_ENV)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
+    retention: timedelta | None = timedelta(days=30)  # None: runs are kept forever
+
+
+# Set in the environment of `promptsched run` to make the notifier SIGKILL its own process
+# right after a batch was sent and before it is marked sent (roles/notifier.py). Never set it
+# in production.
+CRASH_AFTER_SEND_ENV = "PROMPTSCHED_TEST_CRASH_AFTER_SEND"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     database_url: str | None = None
@@ -131,6 +201,60 @@ class Config:
                 f"must be positive and shorter than PROMPTSCHED_NOTIFIER_LEASE "
                 f"({self.notifier_lease}), so a send ends before its claim expires",
             )
+
+    @property
+    def database(self) -> DatabaseSettings:
+        return DatabaseSettings(
+            url=self.database_url,
+            direct_url=self.direct_database_url,
+            statement_cache_size=self.statement_cache_size,
+            data_dir=self.data_dir,
+        )
+
+    @property
+    def scheduler(self) -> SchedulerSettings:
+        return SchedulerSettings(batch=self.scheduler_batch, max_sleep=self.scheduler_max_sleep)
+
+    @property
+    def worker(self) -> WorkerSettings:
+        return WorkerSettings(
+            slots=self.workers,
+            worker_id=self.worker_id,
+            lease=self.lease,
+            heartbeat=self.heartbeat,
+            drain_grace=self.drain_grace,
+            retry_base=self.retry_base,
+            retry_max=self.retry_max,
+            max_sleep=self.worker_max_sleep,
+        )
+
+    @property
+    def reaper(self) -> ReaperSettings:
+        return ReaperSettings(
+            deadline_grace=self.lease, max_sleep=self.reaper_max_sleep, retention=self.retention
+        )
+
+    @property
+    def notifier(self) -> NotifierSettings:
+        return NotifierSettings(
+            lease=self.notifier_lease,
+            timeout=self.notifier_timeout,
+            max_attempts=self.notifier_max_attempts,
+            retry_base=self.notifier_retry_base,
+            retry_max=self.notifier_retry_max,
+            batch=self.notifier_batch,
+            max_sleep=self.notifier_max_sleep,
+            crash_after_send=self.env.get(CRASH_AFTER_SEND_ENV) == "1",
+        )
+
+    @property
+    def api(self) -> ApiSettings:
+        return ApiSettings(
+            host=self.http_host,
+            port=self.http_port,
+            webhook_allow=self.webhook_allow,
+            retention=self.retention if self.retention > timedelta(0) else None,
+        )
 
     def resolved_log_format(self) -> str:
         if self.log_format != "auto":

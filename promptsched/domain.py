@@ -7,7 +7,11 @@ those strings, so rows read from asyncpg need no conversion to be matched agains
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
+from uuid import UUID
 
 
 class RunStatus(StrEnum):
@@ -75,3 +79,71 @@ class ChangeAction(StrEnum):
     BACKFILL = "backfill"
     AUTO_PAUSE = "auto_pause"
     AUTO_RESUME = "auto_resume"
+
+
+@dataclass(frozen=True, slots=True)
+class DueGroup:
+    """One row of ``schedule_take_due``: due schedules (``ids``) that plan alike — the same
+    expression, zone, cursor, misfire and overlap settings, copied columns and unfinished
+    count (0, 1 or 2 meaning 2+) — and the database's now (``db_now``) they plan against."""
+
+    ids: list[int]
+    kind: str
+    expression: str
+    timezone: str
+    dst_gap: str
+    dst_fold: str
+    next_fire_at: datetime
+    misfire_policy: str
+    misfire_cap: int
+    misfire_grace: timedelta
+    catchup_window: timedelta | None
+    overlap_policy: str
+    jitter: timedelta | None
+    provider: str
+    max_attempts: int
+    unfinished: int
+    db_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class OwedNotification:
+    """One outbox row the notifier claimed (``outbox_claim_batch``), with what its message
+    says about the run and its schedule. ``claim_token`` fences the write of its outcome."""
+
+    id: int
+    run_id: int
+    schedule_id: int
+    channel: str
+    target: Any  # the channel's target: a list of addresses, or a webhook object
+    event: OutboxEvent
+    attempts: int
+    max_attempts: int
+    claim_token: UUID
+    idempotency_key: str
+    schedule_name: str
+    owner: str
+    timezone: str
+    webhook_secret: str | None
+    slot: datetime
+    origin: RunOrigin
+    run_status: RunStatus
+    run_attempts: int
+    output: str | None
+    error: str | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedRun:
+    """One row of ``run_reap_expired``: a run whose lease expired or deadline passed, and the
+    status it went to (pending for a retry, dead, or cancelled)."""
+
+    id: int
+    schedule_id: int
+    status: RunStatus
+    provider: str
+    attempt_id: UUID
+    worker_id: str | None
+    lease_lost: bool
+    woken: int

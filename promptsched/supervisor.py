@@ -22,7 +22,7 @@ from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.loop_probe import LoopProbe
-from promptsched.roles.notifier import CRASH_AFTER_SEND_ENV, Notifier, build_senders
+from promptsched.roles.notifier import Notifier, build_senders
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.retention import Retention
 from promptsched.roles.scheduler import Scheduler
@@ -77,7 +77,7 @@ class Supervisor:
             self.dsn,
             min_size=4,
             max_size=max(4, min(config.workers + 4, 40)),
-            statement_cache_size=config.statement_cache_size,
+            statement_cache_size=config.database.statement_cache_size,
         )
         try:
             async with pool.acquire() as conn:
@@ -118,13 +118,7 @@ class Supervisor:
         handlers: dict[str, Callable[[str | None], None]] = {}
         await tg.start(LoopProbe(self.metrics).run)  # every process, whatever its roles
         if "scheduler" in roles:
-            scheduler = Scheduler(
-                pool,
-                self.clock,
-                self.metrics,
-                batch=config.scheduler_batch,
-                max_sleep=config.scheduler_max_sleep,
-            )
+            scheduler = Scheduler(pool, self.clock, self.metrics, config.scheduler)
             handlers[listen.CHANNEL_SCHEDULES] = scheduler.notify
         if "worker" in roles and config.workers > 0:
             heartbeat = Heartbeat(
@@ -160,21 +154,16 @@ class Supervisor:
         if notifier is not None:
             await tg.start(notifier.run)
         if "reaper" in roles:
-            reaper = Reaper(
-                pool,
-                self.clock,
-                self.metrics,
-                deadline_grace=config.lease,
-                max_sleep=config.reaper_max_sleep,
-            )
-            await tg.start(reaper.run)
-            if config.retention > timedelta(0):
-                retention = Retention(pool, self.clock, self.metrics, retention=config.retention)
+            reaping = config.reaper
+            await tg.start(Reaper(pool, self.clock, self.metrics, reaping).run)
+            if reaping.retention > timedelta(0):
+                retention = Retention(pool, self.clock, self.metrics, retention=reaping.retention)
                 await tg.start(retention.run)
         if "api" in roles:
             # Every replica serving /metrics competes for the stats duty; only the leader reads
             # the queue gauges from the database (roles/stats.py).
             await tg.start(Stats(pool, self.clock, self.metrics, holder=self.worker_id).run)
+            serving = config.api
             app = api_app.build(
                 pool,
                 self.metrics,
@@ -182,12 +171,12 @@ class Supervisor:
                 clock=self.clock,
                 providers=registry.names(),
                 provider_kinds=self.provider_kinds,
-                webhook_allow=config.webhook_allow,
+                webhook_allow=serving.webhook_allow,
                 tools=self.tools.catalog,
                 progress=self.progress,
-                retention=config.retention if config.retention > timedelta(0) else None,
+                retention=serving.retention,
             )
-            self.api = api_app.ApiServer(app, config.http_host, config.http_port)
+            self.api = api_app.ApiServer(app, serving.host, serving.port)
             await tg.start(self.api.run)
 
     def _listener(
@@ -201,25 +190,12 @@ class Supervisor:
             checks.labels("ok" if ok else "lost").inc()
             healthy.set(1 if ok else 0)
 
-        direct = self.config.direct_database_url or self.dsn
+        direct = self.config.database.direct_url or self.dsn
         return listen.Listener(direct, handlers, check_db=pool, on_check=on_check)
 
     def _notifier(self, pool: asyncpg.Pool[Any]) -> Notifier:
         config = self.config
-        return Notifier(
-            pool,
-            self.clock,
-            self.metrics,
-            build_senders(config),
-            lease=config.notifier_lease,
-            timeout=config.notifier_timeout,
-            max_attempts=config.notifier_max_attempts,
-            retry_base=config.notifier_retry_base,
-            retry_max=config.notifier_retry_max,
-            batch=config.notifier_batch,
-            max_sleep=config.notifier_max_sleep,
-            crash_after_send=config.env.get(CRASH_AFTER_SEND_ENV) == "1",
-        )
+        return Notifier(pool, self.clock, self.metrics, build_senders(config), config.notifier)
 
     async def _drain(self) -> None:
         """Phase one: not ready, stop claiming, give in-flight runs the grace, release the rest."""

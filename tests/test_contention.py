@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from promptsched.clock import Clock, FrozenClock
+from promptsched.config import SchedulerSettings
 from promptsched.metrics import Metrics
 from promptsched.roles.scheduler import Scheduler
 from promptsched.store import queries
@@ -98,7 +99,7 @@ async def test_a_scheduler_batch_counts_due_schedules_another_scheduler_held(
         await factories.schedule(pool, expression="* * * * *", next_fire_at=EPOCH) for _ in range(3)
     ]
     metrics = Metrics()
-    scheduler = Scheduler(pool, clock, metrics, batch=10)
+    scheduler = Scheduler(pool, clock, metrics, SchedulerSettings(batch=10))
     async with _held(pool, "schedules", due[:2]):
         counts = await scheduler.run_once()
         assert counts.schedules == 1
@@ -118,7 +119,9 @@ async def test_pipelined_batches_of_one_scheduler_are_not_contention(
     for _ in range(25):
         await factories.schedule(pool, expression="* * * * *", next_fire_at=EPOCH)
     metrics = Metrics()
-    counts = await Scheduler(pool, clock, metrics, batch=10, pipeline=2).run_once()
+    counts = await Scheduler(
+        pool, clock, metrics, SchedulerSettings(batch=10, pipeline=2)
+    ).run_once()
     assert counts.schedules == 25
     assert metrics.scheduler_batches.labels("contended")._value.get() == 0
     assert metrics.scheduler_batches.labels("taken")._value.get() >= 3

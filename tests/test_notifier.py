@@ -16,6 +16,7 @@ import pytest
 
 from promptsched import netguard, notifications, notify_targets
 from promptsched.clock import FrozenClock
+from promptsched.config import NotifierSettings, ReaperSettings
 from promptsched.config import load as load_config
 from promptsched.delivery import DeliveryError, Notification
 from promptsched.delivery.email import EmailSender, EmailSettings
@@ -97,11 +98,13 @@ def make_notifier(
         clock,
         metrics or Metrics(),
         senders,
-        lease=timedelta(seconds=60),
-        timeout=timedelta(seconds=5),
-        max_attempts=max_attempts,
-        retry_base=timedelta(seconds=10),
-        retry_max=timedelta(minutes=5),
+        NotifierSettings(
+            lease=timedelta(seconds=60),
+            timeout=timedelta(seconds=5),
+            max_attempts=max_attempts,
+            retry_base=timedelta(seconds=10),
+            retry_max=timedelta(minutes=5),
+        ),
     )
 
 
@@ -374,9 +377,9 @@ async def test_a_run_the_reaper_declares_dead_owes_a_failure_notification(
     rid = await factories.pending_run(pool, sid)
     await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
     clock.advance(timedelta(seconds=31))
-    assert (await Reaper(pool, clock, Metrics(), deadline_grace=timedelta(0)).run_once())[
-        "dead"
-    ] == 1
+    assert (
+        await Reaper(pool, clock, Metrics(), ReaperSettings(deadline_grace=timedelta(0))).run_once()
+    )["dead"] == 1
     [row] = await outbox(pool, rid)
     assert (row["event"], row["status"], row["channel"]) == ("dead", "pending", "email")
 
@@ -432,8 +435,8 @@ async def test_an_expired_claim_is_taken_back_and_the_late_writer_is_fenced(
     landed = await queries.outbox_settle_many(
         pool,
         clock.sql_now(),
-        [stale["id"]],
-        [stale["claim_token"]],
+        [stale.id],
+        [stale.claim_token],
         ["pending"],
         [timedelta(seconds=5)],
         ["too late"],

@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 from promptsched import service
 from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
+from promptsched.config import ReaperSettings
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.reaper import Reaper
@@ -262,7 +263,9 @@ async def test_a_finish_that_cannot_reach_the_database_leaves_the_run_to_the_rea
     assert (await _run(pool, rid))["status"] == "running"  # the lease will expire
     monkeypatch.undo()
     clock.advance(timedelta(seconds=31))
-    await Reaper(pool, clock, Metrics(), deadline_grace=timedelta(seconds=30)).run_once()
+    await Reaper(
+        pool, clock, Metrics(), ReaperSettings(deadline_grace=timedelta(seconds=30))
+    ).run_once()
     assert await worker.run_once() == 1
     assert (await _run(pool, rid))["status"] == "succeeded"
     assert await _attempts(pool, rid) == ["lost", "succeeded"]

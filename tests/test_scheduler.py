@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from promptsched import logs, service
 from promptsched.clock import FrozenClock
+from promptsched.config import SchedulerSettings
 from promptsched.metrics import Metrics
 from promptsched.roles.scheduler import Scheduler
 from promptsched.schedule import jitter, overlap, policies
@@ -28,7 +29,7 @@ T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 def _scheduler(
     pool: asyncpg.Pool[Any], clock: FrozenClock, metrics: Metrics | None = None, batch: int = 500
 ) -> Scheduler:
-    return Scheduler(pool, clock, metrics or Metrics(), batch=batch)
+    return Scheduler(pool, clock, metrics or Metrics(), SchedulerSettings(batch=batch))
 
 
 async def _create(pool: asyncpg.Pool[Any], clock: FrozenClock, **raw: Any) -> int:
@@ -504,7 +505,9 @@ async def test_batches_write_what_the_per_schedule_functions_plan(
     assert expected.cancelled and expected.signalled  # the grid exercises cancel_other
     clock.set(now)
     metrics = Metrics()
-    counts = await Scheduler(pool, clock, metrics, batch=7, pipeline=pipeline).run_once()
+    counts = await Scheduler(
+        pool, clock, metrics, SchedulerSettings(batch=7, pipeline=pipeline)
+    ).run_once()
 
     written = await pool.fetch(
         "SELECT schedule_id, slot, status, skip_reason, missed_slots, available_at, serial, "
@@ -670,7 +673,7 @@ async def test_a_full_batch_starts_the_next_one_while_it_writes(
 
     async def take(*args: Any, **kwargs: Any) -> Any:
         groups = await real_take(*args, **kwargs)
-        taken.append([sid for g in groups for sid in g["ids"]])
+        taken.append([sid for g in groups for sid in g.ids])
         if len(taken) == 2:
             second_took.set()
         return groups

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from promptsched.clock import FrozenClock
+from promptsched.config import ReaperSettings
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.roles.reaper import Reaper
 from promptsched.store import queries
@@ -154,7 +155,7 @@ async def test_the_reaper_requeues_an_expired_lease_and_marks_the_attempt_lost(
     metrics = Metrics()
     rid = await factories.pending_run(pool, await factories.schedule(pool, max_attempts=2))
     await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
-    reaper = Reaper(pool, clock, metrics, deadline_grace=timedelta(seconds=30))
+    reaper = Reaper(pool, clock, metrics, ReaperSettings(deadline_grace=timedelta(seconds=30)))
     assert sum((await reaper.run_once()).values()) == 0  # lease still valid
     clock.advance(timedelta(seconds=31))
     assert (await reaper.run_once())["pending"] == 1
@@ -216,7 +217,9 @@ async def test_a_cancel_requested_run_whose_worker_died_ends_cancelled(
     await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
     await pool.execute("UPDATE runs SET cancel_requested = true WHERE id = $1", rid)
     clock.advance(timedelta(seconds=31))
-    counts = await Reaper(pool, clock, Metrics(), deadline_grace=timedelta(seconds=30)).run_once()
+    counts = await Reaper(
+        pool, clock, Metrics(), ReaperSettings(deadline_grace=timedelta(seconds=30))
+    ).run_once()
     assert counts["cancelled"] == 1
     run = await _run(pool, rid)
     assert (run["status"], run["cancel_requested"]) == ("cancelled", False)

@@ -22,9 +22,11 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
+from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
+from promptsched.domain import OutboxStatus, OwedNotification
 from promptsched.metrics import Metrics
 from promptsched.retry import RetryPolicy, decide
 from promptsched.roles.loop import Wakeup, run_forever
@@ -35,11 +37,11 @@ if TYPE_CHECKING:
     from promptsched.config import Config
 
 log = structlog.get_logger("notifier")
+_DEFAULTS = NotifierSettings()
 
-# Test hook: set in the environment of `promptsched run` to make the notifier SIGKILL its own
-# process right after a batch was sent and before it is marked sent, so a test can show the
-# re-send after a crash deterministically. Never set it in production.
-CRASH_AFTER_SEND_ENV = "PROMPTSCHED_TEST_CRASH_AFTER_SEND"
+# Test hook: with config.CRASH_AFTER_SEND_ENV set in the environment of `promptsched run`, the
+# notifier SIGKILLs its own process right after a batch was sent and before it is marked sent,
+# so a test can show the re-send after a crash deterministically. Never set it in production.
 
 
 def build_senders(config: Config) -> dict[str, Sender]:
@@ -50,32 +52,40 @@ def build_senders(config: Config) -> dict[str, Sender]:
     }
 
 
+# The name each settled status is counted and logged under.
+_OUTCOME_NAMES = {
+    OutboxStatus.SENT: "sent",
+    OutboxStatus.PENDING: "retry",
+    OutboxStatus.DEAD: "dead",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # sent | pending (retry) | dead
+    status: OutboxStatus  # sent | pending (retry) | dead
     retry_in: timedelta | None = None
     error: str | None = None
     note: str | None = None
 
 
-def notification(row: asyncpg.Record) -> Notification:
-    secret = row["webhook_secret"]
+def notification(row: OwedNotification) -> Notification:
+    secret = row.webhook_secret
     return Notification(
-        id=row["id"],
-        idempotency_key=row["idempotency_key"],
-        channel=row["channel"],
-        event=row["event"],
-        target=row["target"],
-        schedule_id=row["schedule_id"],
-        schedule_name=row["schedule_name"],
-        timezone=row["timezone"],
-        run_id=row["run_id"],
-        slot=row["slot"],
-        origin=row["origin"],
-        run_attempts=row["run_attempts"],
-        output=row["output"],
-        error=row["error"],
-        finished_at=row["finished_at"],
+        id=row.id,
+        idempotency_key=row.idempotency_key,
+        channel=row.channel,
+        event=row.event,
+        target=row.target,
+        schedule_id=row.schedule_id,
+        schedule_name=row.schedule_name,
+        timezone=row.timezone,
+        run_id=row.run_id,
+        slot=row.slot,
+        origin=row.origin,
+        run_attempts=row.run_attempts,
+        output=row.output,
+        error=row.error,
+        finished_at=row.finished_at,
         webhook_secret=Secret(secret) if secret else None,
     )
 
@@ -87,28 +97,13 @@ class Notifier:
         clock: Clock,
         metrics: Metrics,
         senders: Mapping[str, Sender],
-        *,
-        lease: timedelta = timedelta(minutes=2),
-        timeout: timedelta = timedelta(seconds=30),
-        max_attempts: int = 10,
-        retry_base: timedelta = timedelta(seconds=10),
-        retry_max: timedelta = timedelta(hours=1),
-        batch: int = 20,
-        max_sleep: timedelta = timedelta(seconds=5),
-        crash_after_send: bool = False,
+        settings: NotifierSettings = _DEFAULTS,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         self.senders = dict(senders)
-        self.lease = lease
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self.retry_base = retry_base
-        self.retry_max = retry_max
-        self.batch = batch
-        self.max_sleep = max_sleep
-        self.crash_after_send = crash_after_send
+        self.settings = settings
         self.wakeup = Wakeup()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -121,7 +116,11 @@ class Notifier:
         counts = await self._reclaim()
         while True:
             rows = await queries.outbox_claim_batch(
-                self.pool, self.clock.sql_now(), self.batch, self.lease, self.max_attempts
+                self.pool,
+                self.clock.sql_now(),
+                self.settings.batch,
+                self.settings.lease,
+                self.settings.max_attempts,
             )
             if not rows:
                 return counts
@@ -143,7 +142,7 @@ class Notifier:
             )
         return counts
 
-    async def _deliver(self, rows: list[asyncpg.Record]) -> Counter[str]:
+    async def _deliver(self, rows: list[OwedNotification]) -> Counter[str]:
         outcomes: dict[int, Outcome] = {}
         try:
             async with anyio.create_task_group() as tg:
@@ -154,27 +153,29 @@ class Notifier:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await self._settle(rows, outcomes)
             raise
-        if self.crash_after_send and any(o.status == "sent" for o in outcomes.values()):
-            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (CRASH_AFTER_SEND_ENV)
+        if self.settings.crash_after_send and any(
+            o.status is OutboxStatus.SENT for o in outcomes.values()
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (config.CRASH_AFTER_SEND_ENV)
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             return await self._settle(rows, outcomes)
         # The database did not answer in time: the claims expire and are sent again.
         return Counter()
 
-    async def _send_one(self, row: asyncpg.Record, outcomes: dict[int, Outcome]) -> None:
+    async def _send_one(self, row: OwedNotification, outcomes: dict[int, Outcome]) -> None:
         item = notification(row)
         sender = self.senders.get(item.channel)
         started = anyio.current_time()
         try:
             if sender is None:
                 raise DeliveryError(f"no sender for channel {item.channel!r}", retryable=False)
-            with anyio.fail_after(self.timeout.total_seconds()):
+            with anyio.fail_after(self.settings.timeout.total_seconds()):
                 note = await sender.send(item)
-            outcomes[item.id] = Outcome("sent", note=note)
+            outcomes[item.id] = Outcome(OutboxStatus.SENT, note=note)
         except DeliveryError as exc:
             outcomes[item.id] = self._failure(row, exc)
         except TimeoutError:
-            seconds = self.timeout.total_seconds()
+            seconds = self.settings.timeout.total_seconds()
             outcomes[item.id] = self._failure(row, DeliveryError(f"timed out after {seconds:g}s"))
         except Exception as exc:  # a sender bug must not take the batch down
             log.exception("notification.sender_crashed", notification_id=item.id)
@@ -183,28 +184,30 @@ class Notifier:
             elapsed = anyio.current_time() - started
             self.metrics.delivery_duration.labels(item.channel).observe(elapsed)
 
-    def _failure(self, row: asyncpg.Record, exc: DeliveryError) -> Outcome:
+    def _failure(self, row: OwedNotification, exc: DeliveryError) -> Outcome:
         decision = decide(
             retryable=exc.retryable,
             retry_after=exc.retry_after,
-            attempt=row["attempts"],
-            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+            attempt=row.attempts,
+            policy=RetryPolicy(row.max_attempts, self.settings.retry_base, self.settings.retry_max),
             jitter=random.random(),
         )
         if decision.action == "retry":
-            return Outcome("pending", retry_in=decision.delay, error=exc.message)
-        return Outcome("dead", error=exc.message)
+            return Outcome(OutboxStatus.PENDING, retry_in=decision.delay, error=exc.message)
+        return Outcome(OutboxStatus.DEAD, error=exc.message)
 
     async def _settle(
-        self, rows: list[asyncpg.Record], outcomes: dict[int, Outcome]
+        self, rows: list[OwedNotification], outcomes: dict[int, Outcome]
     ) -> Counter[str]:
-        released = Outcome("pending", error="released: the notifier stopped while sending")
-        chosen = {row["id"]: outcomes.get(row["id"], released) for row in rows}
+        released = Outcome(
+            OutboxStatus.PENDING, error="released: the notifier stopped while sending"
+        )
+        chosen = {row.id: outcomes.get(row.id, released) for row in rows}
         landed = await queries.outbox_settle_many(
             self.pool,
             self.clock.sql_now(),
-            [row["id"] for row in rows],
-            [row["claim_token"] for row in rows],
+            [row.id for row in rows],
+            [row.claim_token for row in rows],
             [outcome.status for outcome in chosen.values()],
             [outcome.retry_in for outcome in chosen.values()],
             [outcome.error for outcome in chosen.values()],
@@ -212,17 +215,17 @@ class Notifier:
         lags = {row["id"]: row["lag"] for row in landed}
         counts: Counter[str] = Counter()
         for row in rows:
-            name = self._record(row, chosen[row["id"]], row["id"] in outcomes, lags)
+            name = self._record(row, chosen[row.id], row.id in outcomes, lags)
             counts[name] += 1
         return counts
 
     def _record(
-        self, row: asyncpg.Record, outcome: Outcome, attempted: bool, lags: dict[int, float]
+        self, row: OwedNotification, outcome: Outcome, attempted: bool, lags: dict[int, float]
     ) -> str:
         """Count and log one transition; returns the outcome's name."""
-        channel = row["channel"]
-        name = {"sent": "sent", "pending": "retry", "dead": "dead"}[outcome.status]
-        if row["id"] not in lags:
+        channel = row.channel
+        name = _OUTCOME_NAMES[outcome.status]
+        if row.id not in lags:
             name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
             self.metrics.fenced_writes.labels("outbox_mark").inc()
         elif not attempted:
@@ -231,15 +234,15 @@ class Notifier:
         label = "delivered" if name == "sent" else name
         self.metrics.deliveries.labels(channel, label).inc()
         if name == "sent":
-            self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row["id"]]))
+            self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row.id]))
         fields = {
-            "notification_id": row["id"],
-            "run_id": row["run_id"],
-            "schedule_id": row["schedule_id"],
+            "notification_id": row.id,
+            "run_id": row.run_id,
+            "schedule_id": row.schedule_id,
             "channel": channel,
-            "run_status": row["event"],
-            "attempt": row["attempts"],
-            "idempotency_key": row["idempotency_key"],
+            "run_status": row.event,
+            "attempt": row.attempts,
+            "idempotency_key": row.idempotency_key,
         }
         if name == "sent":
             log.info("notification.sent", note=outcome.note, **fields)
@@ -255,7 +258,7 @@ class Notifier:
     async def _tick(self) -> float:
         await self.run_once()
         ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
-        cap = self.max_sleep.total_seconds()
+        cap = self.settings.max_sleep.total_seconds()
         # A claim that expires wakes us just after, to take it back.
         return cap if ahead is None else max(0.01, min(cap, ahead + 0.01))
 

@@ -4,7 +4,6 @@ lost) or to dead when its attempts are used up; a run far past its deadline like
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -13,12 +12,17 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
+from promptsched.config import ReaperSettings
+from promptsched.domain import RunStatus
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.store import queries
 
 log = structlog.get_logger("reaper")
+
+# The leases_reaped / runs_finished label of a reaped run's new status (pending: "retry").
+_REAP_OUTCOMES = {RunStatus.DEAD: "dead", RunStatus.CANCELLED: "cancelled"}
 
 
 class Reaper:
@@ -27,18 +31,15 @@ class Reaper:
         pool: asyncpg.Pool[Any],
         clock: Clock,
         metrics: Metrics,
-        *,
-        deadline_grace: timedelta,
-        batch: int = 500,
-        max_sleep: timedelta = timedelta(seconds=5),
+        settings: ReaperSettings,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         # The worker enforces the timeout itself; the reaper steps in only after this grace.
-        self.deadline_grace = deadline_grace
-        self.batch = batch
-        self.max_sleep = max_sleep
+        self.deadline_grace = settings.deadline_grace
+        self.batch = settings.batch
+        self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
 
     async def run_once(self) -> Counter[str]:
@@ -49,27 +50,25 @@ class Reaper:
                 self.pool, self.clock.sql_now(), self.batch, self.deadline_grace
             )
             for row in rows:
-                outcome = {"dead": "dead", "cancelled": "cancelled"}.get(row["status"], "retry")
-                counts[row["status"]] += 1
+                outcome = _REAP_OUTCOMES.get(row.status, "retry")
+                counts[row.status] += 1
                 self.metrics.leases_reaped.labels(outcome).inc()
-                if outcome == "cancelled":
-                    self.metrics.runs_finished.labels("cancelled").inc()
-                if outcome == "dead":
-                    self.metrics.runs_finished.labels("dead").inc()
-                    self.metrics.dead_letters.labels(row["provider"]).inc()
-                    await autopause.check(
-                        self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
-                    )
+                if row.status is RunStatus.CANCELLED:
+                    self.metrics.runs_finished.labels(outcome).inc()
+                if row.status is RunStatus.DEAD:
+                    self.metrics.runs_finished.labels(outcome).inc()
+                    self.metrics.dead_letters.labels(row.provider).inc()
+                    await autopause.check(self.pool, row.schedule_id, row.id, self.clock.sql_now())
                 log.warning(
                     "run.reaped",
-                    run_id=row["id"],
-                    schedule_id=row["schedule_id"],
-                    attempt_id=str(row["attempt_id"]),
-                    worker_id=row["worker_id"],
-                    status=row["status"],
-                    lease_lost=row["lease_lost"],
+                    run_id=row.id,
+                    schedule_id=row.schedule_id,
+                    attempt_id=str(row.attempt_id),
+                    worker_id=row.worker_id,
+                    status=row.status,
+                    lease_lost=row.lease_lost,
                 )
-            if counts["pending"]:
+            if counts[RunStatus.PENDING]:
                 await queries.run_notify_ready(self.pool, "reaped")
             if len(rows) < self.batch:
                 return counts

@@ -26,6 +26,8 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs, offload
 from promptsched.clock import Clock
+from promptsched.config import SchedulerSettings
+from promptsched.domain import DueGroup, RunStatus
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Wakeup, run_forever
@@ -34,6 +36,7 @@ from promptsched.schedule.spec import Spec
 from promptsched.store import queries
 
 log = structlog.get_logger("scheduler")
+_DEFAULTS = SchedulerSettings()
 
 
 @dataclass(slots=True)
@@ -68,21 +71,18 @@ def _misfire_of(
     )
 
 
-def _spec(row: asyncpg.Record) -> Spec:
-    return _spec_of(
-        row["kind"], row["expression"], row["timezone"], row["dst_gap"], row["dst_fold"]
-    )
+def _spec(row: DueGroup) -> Spec:
+    return _spec_of(row.kind, row.expression, row.timezone, row.dst_gap, row.dst_fold)
 
 
-def _misfire(row: asyncpg.Record) -> policies.Misfire:
-    return _misfire_of(
-        row["misfire_policy"], row["misfire_cap"], row["catchup_window"], row["misfire_grace"]
-    )
+def _misfire(row: DueGroup) -> policies.Misfire:
+    return _misfire_of(row.misfire_policy, row.misfire_cap, row.catchup_window, row.misfire_grace)
 
 
 @dataclass
 class _Batch:
-    """The write of one batch, built group by group (see ``queries.TickWrite``)."""
+    """The write of one batch, built group by group: a variant per group, or per schedule
+    when the group has jitter (see ``queries.TickWrite``)."""
 
     schedules: int = 0
     planned: int = 0  # run rows planned, over all schedules
@@ -90,44 +90,32 @@ class _Batch:
     plans: dict[tuple[Spec, datetime, datetime, policies.Misfire], policies.TickPlan] = field(
         default_factory=dict
     )
-    ids: list[int] = field(default_factory=list)
-    variants: list[int] = field(default_factory=list)
-    next_fire_at: list[datetime | None] = field(default_factory=list)
-    cancel: list[bool] = field(default_factory=list)
-    providers: list[str] = field(default_factory=list)
-    max_attempts: list[int] = field(default_factory=list)
-    overlap_policies: list[str] = field(default_factory=list)
-    row_variants: list[int] = field(default_factory=list)
-    slots: list[datetime] = field(default_factory=list)
-    statuses: list[str] = field(default_factory=list)
-    skip_reasons: list[str | None] = field(default_factory=list)
-    missed: list[int] = field(default_factory=list)
-    available_at: list[datetime] = field(default_factory=list)
+    variants: list[queries.Variant] = field(default_factory=list)
 
-    async def plan_off_loop(self, group: asyncpg.Record) -> None:
+    async def plan_off_loop(self, group: DueGroup) -> None:
         """An RRULE's plan is computed in a worker thread (bounded, but it may take tens of
         milliseconds); cron, `every` and `at` plan in closed form on the loop. A deadline
         raises TimeoutError, which fails the batch for the next tick to retry."""
-        if group["kind"] != "rrule":
+        if group.kind != "rrule":
             return
-        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+        key = (_spec(group), group.next_fire_at, group.db_now, _misfire(group))
         if key not in self.plans:
             self.plans[key] = await offload.run(
                 lambda: policies.plan_tick(*key), field=None, lane="scheduler"
             )
 
-    def add_group(self, group: asyncpg.Record) -> None:
-        members: list[int] = group["ids"]
-        key = (_spec(group), group["next_fire_at"], group["db_now"], _misfire(group))
+    def add_group(self, group: DueGroup) -> None:
+        members = group.ids
+        key = (_spec(group), group.next_fire_at, group.db_now, _misfire(group))
         plan = self.plans.get(key)
         if plan is None:  # groups that differ only in overlap or copied columns share it
             plan = self.plans[key] = policies.plan_tick(*key)
         # Unfinished runs matter only to a plan that starts a run (cancel_other cancels them
         # only for a newer run that takes their place).
-        starts = any(run.status == "pending" for run in plan.runs)
+        starts = any(RunStatus(run.status) is RunStatus.PENDING for run in plan.runs)
         decision = overlap.apply(
-            group["overlap_policy"],
-            pending=group["unfinished"] if starts else 0,
+            group.overlap_policy,  # type: ignore[arg-type]  # the schema CHECK holds these
+            pending=group.unfinished if starts else 0,
             running=0,
             planned=plan.runs,
         )
@@ -135,55 +123,46 @@ class _Batch:
         self.planned += len(decision.runs) * len(members)
         for reason, number in plan.dropped.items():
             self.dropped[reason] += number * len(members)
-        spread: timedelta | None = group["jitter"]
+        spread = group.jitter
         if not spread:
-            variant = self._variant(group, plan, decision, None)
-            self.ids.extend(members)
-            self.variants.extend([variant] * len(members))
+            self.variants.append(_variant(group, members, plan, decision, None))
             return
         for sid in members:  # jitter hashes (schedule, slot): one variant per schedule
-            self.ids.append(sid)
-            self.variants.append(self._variant(group, plan, decision, (sid, spread)))
-
-    def _variant(
-        self,
-        group: asyncpg.Record,
-        plan: policies.TickPlan,
-        decision: overlap.OverlapDecision,
-        jittered: tuple[int, timedelta] | None,
-    ) -> int:
-        self.next_fire_at.append(plan.next_fire_at)
-        self.cancel.append(decision.cancel_unfinished)
-        self.providers.append(group["provider"])
-        self.max_attempts.append(group["max_attempts"])
-        self.overlap_policies.append(group["overlap_policy"])
-        variant = len(self.next_fire_at)
-        for run in decision.runs:
-            self.row_variants.append(variant)
-            self.slots.append(run.slot)
-            self.statuses.append(run.status)
-            self.skip_reasons.append(run.skip_reason)
-            self.missed.append(run.missed)
-            delay = jitter.offset(jittered[0], run.slot, jittered[1]) if jittered else None
-            self.available_at.append(run.slot + delay if delay else run.slot)
-        return variant
+            self.variants.append(_variant(group, [sid], plan, decision, spread))
 
     def write(self) -> queries.TickWrite:
-        return queries.TickWrite(
-            schedule_ids=self.ids,
-            variants=self.variants,
-            next_fire_at=self.next_fire_at,
-            cancel=self.cancel,
-            providers=self.providers,
-            max_attempts=self.max_attempts,
-            overlap_policies=self.overlap_policies,
-            row_variants=self.row_variants,
-            slots=self.slots,
-            statuses=self.statuses,
-            skip_reasons=self.skip_reasons,
-            missed=self.missed,
-            available_at=self.available_at,
+        return queries.TickWrite(self.variants)
+
+
+def _variant(
+    group: DueGroup,
+    members: list[int],
+    plan: policies.TickPlan,
+    decision: overlap.OverlapDecision,
+    spread: timedelta | None,
+) -> queries.Variant:
+    """The variant ``members`` follow; with ``spread``, jittered for its one schedule."""
+    runs = []
+    for run in decision.runs:
+        delay = jitter.offset(members[0], run.slot, spread) if spread else None
+        runs.append(
+            queries.PlannedRun(
+                slot=run.slot,
+                status=RunStatus(run.status),
+                skip_reason=run.skip_reason,
+                missed=run.missed,
+                available_at=run.slot + delay if delay else run.slot,
+            )
         )
+    return queries.Variant(
+        schedule_ids=members,
+        next_fire_at=plan.next_fire_at,
+        cancel=decision.cancel_unfinished,
+        provider=group.provider,
+        max_attempts=group.max_attempts,
+        overlap_policy=group.overlap_policy,
+        runs=runs,
+    )
 
 
 class Scheduler:
@@ -192,17 +171,14 @@ class Scheduler:
         pool: asyncpg.Pool[Any],
         clock: Clock,
         metrics: Metrics,
-        *,
-        batch: int = 500,
-        max_sleep: timedelta = timedelta(seconds=5),
-        pipeline: int = 2,
+        settings: SchedulerSettings = _DEFAULTS,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
-        self.batch = batch
-        self.max_sleep = max_sleep
-        self.pipeline = max(1, pipeline)
+        self.batch = settings.batch
+        self.max_sleep = settings.max_sleep
+        self.pipeline = max(1, settings.pipeline)
         self.wakeup = Wakeup()
         # Due schedules locked by this process's batches in flight: what a pipelined batch
         # finds locked by its siblings is not contention with another replica.
@@ -258,7 +234,7 @@ class Scheduler:
                         await batch.plan_off_loop(group)
                         batch.add_group(group)
                     except ValidationError as exc:  # one unreadable schedule must not stop
-                        await self._pause_unplannable(conn, group["ids"], exc)  # the rest
+                        await self._pause_unplannable(conn, group.ids, exc)  # the rest
                 if taken >= self.batch:
                     more()
                 if not batch.schedules:
@@ -307,8 +283,9 @@ class Scheduler:
         # is news), an enqueued one at debug (a 9 o'clock rush writes thousands, so the
         # statement returns those only when debug is on).
         for run_id, schedule_id, slot, status, skip_reason, missed in result["logged"]:
-            (log.debug if status == "pending" else log.info)(
-                "run.enqueued" if status == "pending" else "run.skipped",
+            pending = status == RunStatus.PENDING
+            (log.debug if pending else log.info)(
+                "run.enqueued" if pending else "run.skipped",
                 run_id=run_id,
                 schedule_id=schedule_id,
                 slot=slot.isoformat(),

@@ -10,6 +10,14 @@ from uuid import UUID
 
 from asyncpg import Record
 
+from promptsched.domain import (
+    DueGroup,
+    OutboxEvent,
+    OwedNotification,
+    ReapedRun,
+    RunOrigin,
+    RunStatus,
+)
 from promptsched.store.sqlfiles import queries as _load
 
 _Q = _load()
@@ -61,17 +69,17 @@ async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | 
     return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
 
 
-class DueBatch(list[Record]):
+class DueBatch(list[DueGroup]):
     """The groups of due schedules one batch locked, plus ``claimable``: how many due schedules
     it could have taken had no other scheduler held any (capped at what it asked for)."""
 
-    def __init__(self, groups: list[Record], claimable: int) -> None:
+    def __init__(self, groups: list[DueGroup], claimable: int) -> None:
         super().__init__(groups)
         self.claimable = claimable
 
     @property
     def taken(self) -> int:
-        return sum(len(group["ids"]) for group in self)
+        return sum(len(group.ids) for group in self)
 
     @property
     def contended(self) -> int:
@@ -84,55 +92,121 @@ async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int 
     ``held``: due schedules this process's own other batches hold now (not contention)."""
     found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
     claimable: int = found[0]["claimable"] if found else 0
-    return DueBatch([row for row in found if row["ids"] is not None], claimable)
+    return DueBatch([_due_group(row) for row in found if row["ids"] is not None], claimable)
+
+
+def _due_group(row: Record) -> DueGroup:
+    return DueGroup(
+        ids=row["ids"],
+        kind=row["kind"],
+        expression=row["expression"],
+        timezone=row["timezone"],
+        dst_gap=row["dst_gap"],
+        dst_fold=row["dst_fold"],
+        next_fire_at=row["next_fire_at"],
+        misfire_policy=row["misfire_policy"],
+        misfire_cap=row["misfire_cap"],
+        misfire_grace=row["misfire_grace"],
+        catchup_window=row["catchup_window"],
+        overlap_policy=row["overlap_policy"],
+        jitter=row["jitter"],
+        provider=row["provider"],
+        max_attempts=row["max_attempts"],
+        unfinished=row["unfinished"],
+        db_now=row["db_now"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """One run row a tick writes for a slot: ``pending`` (from ``available_at``, the slot plus
+    any jitter) or ``skipped`` with its reason; ``missed`` counts the slots it stands for."""
+
+    slot: datetime
+    status: RunStatus
+    skip_reason: str | None
+    missed: int
+    available_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """What a set of schedules in one batch have in common: their new cursor (None: never
+    fires again), whether their unfinished runs are cancelled (overlap cancel_other), the
+    columns their runs copy, and the run rows each of them gets."""
+
+    schedule_ids: Sequence[int]
+    next_fire_at: datetime | None
+    cancel: bool
+    provider: str
+    max_attempts: int
+    overlap_policy: str
+    runs: Sequence[PlannedRun]
 
 
 @dataclass(frozen=True, slots=True)
 class TickWrite:
-    """One batch for ``schedule_tick``: each schedule follows one variant of the batch's plans.
+    """One batch for ``schedule_tick``: every schedule it locked follows exactly one variant."""
 
-    Per schedule: ``schedule_ids``, ``variants`` (a 1-based index into the per-variant lists).
-    Per variant: ``next_fire_at`` (None: never fires again), ``cancel`` (cancel its unfinished
-    runs), and the schedule columns its runs copy. Per run row: ``row_variants`` and the row.
-    """
+    variants: Sequence[Variant]
 
-    schedule_ids: Sequence[int]
-    variants: Sequence[int]
-    next_fire_at: Sequence[datetime | None]
-    cancel: Sequence[bool]
-    providers: Sequence[str]
-    max_attempts: Sequence[int]
-    overlap_policies: Sequence[str]
-    row_variants: Sequence[int]
-    slots: Sequence[datetime]
-    statuses: Sequence[str]
-    skip_reasons: Sequence[str | None]
-    missed: Sequence[int]
-    available_at: Sequence[datetime]
+    @property
+    def schedule_ids(self) -> list[int]:
+        return [sid for variant in self.variants for sid in variant.schedule_ids]
+
+    def arrays(self) -> tuple[list[Any], ...]:
+        """The statement's parameters $2..$14: the one place the named structures become the
+        parallel arrays ``unnest`` reads (variants numbered from 1, as WITH ORDINALITY does)."""
+        ids: list[int] = []
+        of: list[int] = []
+        cursor: list[datetime | None] = []
+        cancel: list[bool] = []
+        provider: list[str] = []
+        max_attempts: list[int] = []
+        overlap_policy: list[str] = []
+        row_variant: list[int] = []
+        slot: list[datetime] = []
+        status: list[str] = []
+        skip_reason: list[str | None] = []
+        missed: list[int] = []
+        available_at: list[datetime] = []
+        for number, variant in enumerate(self.variants, start=1):
+            ids.extend(variant.schedule_ids)
+            of.extend([number] * len(variant.schedule_ids))
+            cursor.append(variant.next_fire_at)
+            cancel.append(variant.cancel)
+            provider.append(variant.provider)
+            max_attempts.append(variant.max_attempts)
+            overlap_policy.append(variant.overlap_policy)
+            for run in variant.runs:
+                row_variant.append(number)
+                slot.append(run.slot)
+                status.append(run.status)
+                skip_reason.append(run.skip_reason)
+                missed.append(run.missed)
+                available_at.append(run.available_at)
+        return (
+            ids,
+            of,
+            cursor,
+            cancel,
+            provider,
+            max_attempts,
+            overlap_policy,
+            row_variant,
+            slot,
+            status,
+            skip_reason,
+            missed,
+            available_at,
+        )
 
 
 async def schedule_tick(
     db: DB, now: datetime | None, write: TickWrite, *, all_rows: bool
 ) -> Record:
     """Advance the cursors and insert the run rows of a batch locked by schedule_take_due."""
-    row = await db.fetchrow(
-        _Q["schedule_tick"],
-        now,
-        write.schedule_ids,
-        write.variants,
-        write.next_fire_at,
-        write.cancel,
-        write.providers,
-        write.max_attempts,
-        write.overlap_policies,
-        write.row_variants,
-        write.slots,
-        write.statuses,
-        write.skip_reasons,
-        write.missed,
-        write.available_at,
-        all_rows,
-    )
+    row = await db.fetchrow(_Q["schedule_tick"], now, *write.arrays(), all_rows)
     assert row is not None
     return row
 
@@ -286,8 +360,9 @@ async def run_release_many(
 
 async def run_reap_expired(
     db: DB, now: datetime | None, limit: int, deadline_grace: timedelta
-) -> list[Record]:
-    return await db.fetch(_Q["run_reap_expired"], now, limit, deadline_grace)
+) -> list[ReapedRun]:
+    rows = await db.fetch(_Q["run_reap_expired"], now, limit, deadline_grace)
+    return [ReapedRun(**{**row, "status": RunStatus(row["status"])}) for row in rows]
 
 
 async def run_seconds_until_available(
@@ -400,8 +475,19 @@ async def outbox_reclaim_expired(db: DB, now: datetime | None, limit: int) -> li
 
 async def outbox_claim_batch(
     db: DB, now: datetime | None, limit: int, lease: timedelta, max_attempts: int
-) -> list[Record]:
-    return await db.fetch(_Q["outbox_claim_batch"], now, limit, lease, max_attempts)
+) -> list[OwedNotification]:
+    rows = await db.fetch(_Q["outbox_claim_batch"], now, limit, lease, max_attempts)
+    return [
+        OwedNotification(
+            **{
+                **row,
+                "event": OutboxEvent(row["event"]),
+                "origin": RunOrigin(row["origin"]),
+                "run_status": RunStatus(row["run_status"]),
+            }
+        )
+        for row in rows
+    ]
 
 
 async def outbox_settle_many(

@@ -115,22 +115,14 @@ WITH input AS (
     FROM finished f
     WHERE a.attempt_id = f.attempt_id
 ), owed AS (
-    -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the finish landed (notify_channels, 0002_outbox.sql, reads
-    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                        available_at, created_at)
-    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
-           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    -- Invariant 5: what the finished runs owe (outbox_owe, 0007_outbox_owe.sql) is written by
+    -- this very statement, so the outbox rows exist exactly when the finish landed.
+    SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
+                      coalesce($1::timestamptz, now())) AS written
     FROM finished f
-    JOIN notify_channels c ON c.schedule_id = f.schedule_id
-    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
 ), woke AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    SELECT pg_notify('promptsched_outbox', 'finish') FROM (SELECT 1 FROM owed LIMIT 1) o
+    SELECT pg_notify('promptsched_outbox', 'finish') FROM owed WHERE owed.written > 0
 )
 SELECT coalesce(array_agg(id), '{}') AS landed, (SELECT count(*) FROM woke)::int AS woken
 FROM finished;
@@ -192,22 +184,13 @@ WITH expired AS (
         error = CASE WHEN reaped.lease_lost THEN 'lease expired' ELSE 'deadline passed' END
     FROM reaped WHERE a.attempt_id = reaped.attempt_id
 ), owed AS (
-    -- Invariant 5: the notifications a final state owes are written by this very statement,
-    -- so they exist exactly when the reap landed (notify_channels, 0002_outbox.sql, reads
-    -- the schedule's targets). The key makes owing the same run's event twice a no-op.
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                        available_at, created_at)
-    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
-           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
-    FROM reaped f
-    JOIN notify_channels c ON c.schedule_id = f.schedule_id
-    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
+    -- Invariant 5, as run_finish_many: a reaped run that went dead owes its failure
+    -- notifications, written by the reap itself (a retry or a cancel owes nothing).
+    SELECT outbox_owe(array_agg(r.id), array_agg(r.schedule_id), array_agg(r.status),
+                      coalesce($1::timestamptz, now())) AS written
+    FROM reaped r
 ), woke AS (
-    -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    SELECT pg_notify('promptsched_outbox', 'reap') FROM (SELECT 1 FROM owed LIMIT 1) o
+    SELECT pg_notify('promptsched_outbox', 'reap') FROM owed WHERE owed.written > 0
 )
 SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
        (SELECT count(*) FROM woke)::int AS woken
