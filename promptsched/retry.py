@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,9 +15,14 @@ class RetryPolicy:
     cap: timedelta = timedelta(hours=1)
 
 
+class RetryAction(StrEnum):
+    RETRY = "retry"  # try again after ``delay``
+    DEAD = "dead"  # no more attempts: the run (or notification) is dead-lettered
+
+
 @dataclass(frozen=True, slots=True)
 class RetryDecision:
-    action: Literal["retry", "dead"]
+    action: RetryAction
     delay: timedelta = timedelta(0)
 
 
@@ -35,10 +40,10 @@ def decide(
     spreads out; a provider's ``Retry-After`` is a floor the backoff never shortens.
     """
     if not retryable or attempt >= policy.max_attempts:
-        return RetryDecision("dead")
+        return RetryDecision(RetryAction.DEAD)
     exponent = min(attempt - 1, 30)
     ceiling = min(policy.cap.total_seconds(), policy.base.total_seconds() * 2**exponent)
     delay = ceiling / 2 + ceiling / 2 * jitter
     if retry_after is not None:
         delay = max(delay, retry_after)
-    return RetryDecision("retry", timedelta(seconds=delay))
+    return RetryDecision(RetryAction.RETRY, timedelta(seconds=delay))

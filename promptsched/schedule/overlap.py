@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, assert_never
 
+from promptsched.domain import RunStatus
 from promptsched.schedule.policies import PlannedRun
 
 Policy = Literal["skip", "allow", "buffer_one", "buffer_all", "cancel_other"]
@@ -18,14 +19,14 @@ class OverlapDecision:
 
 
 def _skip(run: PlannedRun) -> PlannedRun:
-    return replace(run, status="skipped", skip_reason="overlap")
+    return replace(run, status=RunStatus.SKIPPED, skip_reason="overlap")
 
 
 def _keep(planned: tuple[PlannedRun, ...], room: int) -> tuple[PlannedRun, ...]:
     """Keep the first ``room`` pending rows in slot order; the later ones overlap them."""
     decided = []
     for run in planned:
-        if run.status == "pending":
+        if run.status == RunStatus.PENDING:
             decided.append(run if room > 0 else _skip(run))
             room -= 1
         else:
@@ -51,10 +52,10 @@ def apply(
         return OverlapDecision(_keep(planned, max(0, 2 - unfinished)))
     if policy == "cancel_other":
         # The newest slot wins: older unfinished runs are cancelled, older planned ones skipped.
-        pending_rows = [i for i, run in enumerate(planned) if run.status == "pending"]
+        pending_rows = [i for i, run in enumerate(planned) if run.status == RunStatus.PENDING]
         newest = pending_rows[-1] if pending_rows else -1
         runs = tuple(
-            _skip(run) if run.status == "pending" and i != newest else run
+            _skip(run) if run.status == RunStatus.PENDING and i != newest else run
             for i, run in enumerate(planned)
         )
         return OverlapDecision(runs, cancel_unfinished=unfinished > 0)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Literal, get_args
 
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
 from promptsched.schedule import fire_times, spec
 
@@ -45,7 +46,7 @@ class PlannedRun:
     """One row the scheduler inserts for a slot."""
 
     slot: datetime  # aware UTC
-    status: Literal["pending", "skipped"]
+    status: RunStatus  # PENDING or SKIPPED
     skip_reason: str | None  # "misfire" | "catchup_window" | None
     missed: int  # how many OTHER slots this row stands for (coalesced), 0 normally
 
@@ -91,7 +92,7 @@ def plan_tick(s: spec.Spec, due_from: datetime, now: datetime, misfire: Misfire)
     if len(on_time) == misfire.cap:  # maybe more: the older on-time ones count as late
         on_start = on_time[0]
     plan.late(cutoff, on_start - _US, has_on_time=bool(on_time))
-    plan.runs.extend(PlannedRun(slot, "pending", None, 0) for slot in on_time)
+    plan.runs.extend(PlannedRun(slot, RunStatus.PENDING, None, 0) for slot in on_time)
     return TickPlan(tuple(plan.runs), next_fire, MappingProxyType(dict(plan.dropped)))
 
 
@@ -110,7 +111,7 @@ class _Planner:
         total = self.count(start, end)
         if total:
             latest = fire_times.last_between(self.spec, start, end, 1)[0]
-            self.runs.append(PlannedRun(latest, "skipped", reason, total - 1))
+            self.runs.append(PlannedRun(latest, RunStatus.SKIPPED, reason, total - 1))
             self.dropped[reason] = self.dropped.get(reason, 0) + total
 
     def late(self, start: datetime, end: datetime, *, has_on_time: bool) -> None:
@@ -121,11 +122,11 @@ class _Planner:
             total = self.count(start, end)
             if total:
                 latest = fire_times.last_between(self.spec, start, end, 1)[0]
-                self.runs.append(PlannedRun(latest, "pending", None, total - 1))
+                self.runs.append(PlannedRun(latest, RunStatus.PENDING, None, total - 1))
                 if total > 1:
                     self.dropped["misfire"] = total - 1
         else:
             slots = fire_times.last_between(self.spec, start, end, self.misfire.cap)
             if slots:
                 self.coalesce(start, slots[0] - _US, "misfire")
-            self.runs.extend(PlannedRun(slot, "pending", None, 0) for slot in slots)
+            self.runs.extend(PlannedRun(slot, RunStatus.PENDING, None, 0) for slot in slots)
