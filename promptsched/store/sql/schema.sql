@@ -1,18 +1,20 @@
 CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statuses text[], at timestamp with time zone) RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    WITH owed AS (
-        INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
-                            available_at, created_at)
-        SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-               format('promptsched-%s-%s-%s', f.id, f.status, c.channel), at, at
-        FROM unnest(run_ids, schedule_ids, statuses) AS f (id, schedule_id, status)
-        JOIN notify_channels c ON c.schedule_id = f.schedule_id
-        WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING 1
-    )
-    SELECT count(*)::int FROM owed
+DECLARE
+    written integer;
+BEGIN
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                        available_at, created_at)
+    SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
+           format('promptsched-%s-%s-%s', f.id, f.status, c.channel), at, at
+    FROM unnest(run_ids, schedule_ids, statuses) AS f (id, schedule_id, status)
+    JOIN notify_channels c ON c.schedule_id = f.schedule_id
+    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
+    ON CONFLICT (idempotency_key) DO NOTHING;
+    GET DIAGNOSTICS written = ROW_COUNT;
+    RETURN written;
+END
 $$;
 CREATE TABLE public.api_tokens (
     id bigint NOT NULL,
