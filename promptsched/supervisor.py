@@ -19,7 +19,6 @@ from promptsched.clock import Clock
 from promptsched.config import Config
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import CRASH_AFTER_SEND_ENV, Notifier, build_senders
 from promptsched.roles.reaper import Reaper
@@ -27,6 +26,7 @@ from promptsched.roles.retention import Retention
 from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry

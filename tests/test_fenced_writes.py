@@ -23,7 +23,7 @@ from promptsched import notify_targets
 from promptsched.clock import FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
-from promptsched.roles.transcript import AttemptLog
+from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH

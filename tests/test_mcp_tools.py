@@ -21,8 +21,8 @@ from promptsched.clock import FrozenClock
 from promptsched.errors import ConfigError, ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
 from tests.factories import EPOCH

@@ -24,7 +24,7 @@ from promptsched import service
 from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
-from promptsched.roles.heartbeat import Heartbeat, InFlight
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.roles.reaper import Reaper
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools

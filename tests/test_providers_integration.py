@@ -24,8 +24,8 @@ from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH

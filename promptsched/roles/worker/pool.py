@@ -31,10 +31,10 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
-from promptsched.roles.finalizer import Finalizer, Outcome
-from promptsched.roles.heartbeat import Heartbeat, InFlight
+from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
-from promptsched.roles.transcript import AttemptLog
+from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
 
