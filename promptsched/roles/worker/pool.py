@@ -31,9 +31,9 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
-from promptsched.roles.worker.finalizer import Finalizer, Outcome
-from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.roles.loop import Wakeup
+from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
@@ -77,6 +77,8 @@ class WorkerPool:
         self.registry = registry
         self.limiters = dict(limiters)
         self.heartbeat = heartbeat
+        # One registry of the attempts in flight, shared with the heartbeat that renews them.
+        self.inflight: InFlightAttempts = heartbeat.inflight
         self.finalizer = Finalizer(pool, clock)
         self.slots = slots
         self.worker_id = worker_id
@@ -99,10 +101,6 @@ class WorkerPool:
         self._idle_gauge = metrics.worker_slots.labels("idle")
         self._children: dict[tuple[object, ...], Any] = {}
         self._update_slot_gauge()
-
-    @property
-    def inflight(self) -> dict[int, InFlight]:
-        return self.heartbeat.inflight
 
     def notify(self, _payload: str | None = None) -> None:
         self.wakeup.set()
@@ -152,7 +150,7 @@ class WorkerPool:
                     row["schedule_id"],
                     self.worker_id,
                 )
-                self.inflight[row["id"]] = attempt
+                self.inflight.add(attempt)
                 self._executing += 1
                 self._start(row, attempt)
                 started += 1
@@ -242,7 +240,7 @@ class WorkerPool:
         # limit of N keeps at most N of its runs `running`, the rest wait as `pending` rows.
         if attempt.permit is not None:
             attempt.permit.release()
-        self.inflight.pop(attempt.run_id, None)
+        self.inflight.discard(attempt)
         if not self.inflight:
             self._idle.set()
         self.wakeup.set()
@@ -291,7 +289,7 @@ class WorkerPool:
         with scope:
             scope.deadline = anyio.current_time() + timeout
             outcome = await self._attempt(row, attempt)
-        if attempt.fenced or attempt.released or attempt.cancel_requested:
+        if attempt.stopped:
             return None
         if scope.cancelled_caught:
             return AttemptTimeout(f"timed out after {timeout:g}s")
@@ -340,10 +338,10 @@ class WorkerPool:
         duration: float,
     ) -> bool:
         """Queue the attempt's final write; False when it must write nothing."""
-        if attempt.fenced or attempt.released:
+        if attempt.stop.writes_nothing:
             return False  # the lease is gone: this attempt writes nothing
         provider = attempt.provider
-        if attempt.cancel_requested or outcome is None:
+        if attempt.stop is StopReason.CANCEL_REQUESTED or outcome is None:
             self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
             return self._finish(
                 attempt,
@@ -505,12 +503,12 @@ class WorkerPool:
         with anyio.move_on_after(grace.total_seconds()):
             await self._idle.wait()
         # An attempt whose final write is queued is decided by that write, not released.
-        remaining = [a for a in self.inflight.values() if not a.finishing]
+        remaining = self.inflight.not_finishing()
         count = 0
         with anyio.CancelScope(shield=True):
             if remaining:
                 for attempt in remaining:
-                    attempt.released = True
+                    attempt.stop_for(StopReason.RELEASED)
                     attempt.scope.cancel()
                 with anyio.move_on_after(10):
                     count = await queries.run_release_many(
