@@ -31,7 +31,7 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
-from promptsched.roles.loop import Wakeup
+from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.transcript import AttemptLog
@@ -464,23 +464,24 @@ class WorkerPool:
             await self._stop_attempts()
         return total
 
+    async def _dispatch_once(self) -> float:
+        """Claim what can be claimed; how long to wait before the next claim."""
+        started = await self.claim()
+        if started:
+            self._blocked_backoff = 0.0
+        return 0.0 if started else await self.seconds_until_work()
+
     async def _dispatch(self) -> None:
-        failures = 0
-        while self.claiming:
-            try:
-                started = await self.claim()
-                if started:
-                    self._blocked_backoff = 0.0
-                delay = 0.0 if started else await self.seconds_until_work()
-                failures = 0
-            except Exception as exc:  # asyncpg raises more than PostgresError on a dying
-                # connection (InternalClientError after a server shutdown); never crash the pool
-                failures += 1
-                self.metrics.role_errors.labels("worker").inc()
-                delay = min(10.0, 0.1 * 2 ** min(failures, 10))
-                log.warning("worker.claim_failed", error=repr(exc), retry_in=delay)
-            if self.claiming:
-                await self.wakeup.wait(delay)
+        # asyncpg raises more than PostgresError on a dying connection (InternalClientError
+        # after a server shutdown): run_forever survives it, counts it and backs off.
+        await run_forever(
+            "worker",
+            self._dispatch_once,
+            self.wakeup,
+            self.metrics,
+            stopping=lambda: not self.claiming,
+            error_event="worker.claim_failed",
+        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
