@@ -7,7 +7,11 @@ those strings, so rows read from asyncpg need no conversion to be matched agains
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Any
+from uuid import UUID
 
 
 class RunStatus(StrEnum):
@@ -75,3 +79,24 @@ class ChangeAction(StrEnum):
     BACKFILL = "backfill"
     AUTO_PAUSE = "auto_pause"
     AUTO_RESUME = "auto_resume"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """One run a worker claimed (run_claim_batch), with its schedule as re-read at claim time."""
+
+    id: int
+    schedule_id: int
+    slot: datetime
+    attempt_id: UUID
+    attempts: int  # this attempt's number: 1 for the first claim
+    releases: int  # claims handed back on drain, which do not count against max_attempts
+    max_attempts: int
+    name: str
+    prompt: str
+    model: str
+    params: dict[str, Any] | None
+    timezone: str
+    enabled: bool
+    timeout_seconds: float
+    start_lag: float  # seconds from the slot to the claim

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs
 from promptsched.clock import Clock
+from promptsched.domain import ClaimedRun, RunStatus
 from promptsched.errors import (
     AttemptTimeout,
     ExecutorError,
@@ -32,21 +33,21 @@ from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
 from promptsched.roles.loop import Wakeup, run_forever
+from promptsched.roles.worker.attempt import settle, skip_disabled
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.transcript import AttemptLog
-from promptsched.schedule.backoff import RetryPolicy, decide
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
 
 
-def _ids(row: asyncpg.Record, worker_id: str) -> dict[str, Any]:
+def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
     """What every log line of an attempt is bound to."""
     return {
-        "run_id": row["id"],
-        "schedule_id": row["schedule_id"],
-        "attempt_id": str(row["attempt_id"]),
+        "run_id": row.id,
+        "schedule_id": row.schedule_id,
+        "attempt_id": str(row.attempt_id),
         "worker_id": worker_id,
     }
 
@@ -143,11 +144,11 @@ class WorkerPool:
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
-                    row["id"],
-                    row["attempt_id"],
+                    row.id,
+                    row.attempt_id,
                     provider,
                     permit,
-                    row["schedule_id"],
+                    row.schedule_id,
                     self.worker_id,
                 )
                 self.inflight.add(attempt)
@@ -185,7 +186,7 @@ class WorkerPool:
 
     # --- executing ------------------------------------------------------------------------
 
-    def _start(self, row: asyncpg.Record, attempt: InFlight) -> None:
+    def _start(self, row: ClaimedRun, attempt: InFlight) -> None:
         # A plain asyncio task: TaskGroup.start_soon costs four times as much per spawn, which
         # shows at thousands of runs a second. The pool keeps the set and, on the way out,
         # cancels and awaits it itself (_stop_attempts), as a task group would.
@@ -208,21 +209,19 @@ class WorkerPool:
             with anyio.CancelScope(shield=True):
                 await asyncio.wait(tasks)
 
-    async def _execute(self, row: asyncpg.Record, attempt: InFlight) -> None:
+    async def _execute(self, row: ClaimedRun, attempt: InFlight) -> None:
         submitted = False
         try:
-            self.metrics.start_lag.observe(max(0.0, row["start_lag"]))
-            if not row["enabled"]:
-                submitted = self._finish(
-                    attempt, row, status="skipped", attempt_status="skipped", skip_reason="disabled"
-                )
+            self.metrics.start_lag.observe(max(0.0, row.start_lag))
+            if not row.enabled:
+                submitted = self._finish(attempt, row, skip_disabled(row))
                 self.metrics.dropped_ticks.labels("disabled").inc()
                 return
             if logs.enabled("debug"):
                 log.debug(
                     "attempt.started",
                     **_ids(row, self.worker_id),
-                    attempt=row["attempts"],
+                    attempt=row.attempts,
                     provider=attempt.provider,
                 )
             started = time.monotonic()
@@ -245,45 +244,43 @@ class WorkerPool:
             self._idle.set()
         self.wakeup.set()
 
-    async def _render(self, row: asyncpg.Record) -> tuple[str, dict[str, Any]]:
+    async def _render(self, row: ClaimedRun) -> tuple[str, dict[str, Any]]:
         """The prompt and params of this attempt, templates filled in from the run context."""
-        params = dict(row["params"] or {})
+        params = dict(row.params or {})
         system = params.get("system")
-        used = template.variables_used(row["prompt"]) | (
+        used = template.variables_used(row.prompt) | (
             template.variables_used(system, field="params.system")
             if isinstance(system, str)
             else frozenset()
         )
         if not used:  # a prompt without tags is its own rendering
-            return row["prompt"], params
+            return row.prompt, params
         previous = None
         if any(v.startswith("previous_") for v in used):
-            previous = await queries.run_previous_success(
-                self.pool, row["schedule_id"], row["slot"]
-            )
+            previous = await queries.run_previous_success(self.pool, row.schedule_id, row.slot)
         context = template.build_context(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            schedule_name=row["name"],
-            slot=row["slot"],
-            timezone=row["timezone"],
+            run_id=row.id,
+            schedule_id=row.schedule_id,
+            schedule_name=row.name,
+            slot=row.slot,
+            timezone=row.timezone,
             previous_run_at=previous["finished_at"] if previous else None,
             previous_output=previous["output"] if previous else None,
         )
-        prompt = template.render(row["prompt"], context)
+        prompt = template.render(row.prompt, context)
         if isinstance(system, str):  # a system prompt is a template too
             params["system"] = template.render(system, context, field="params.system")
         return prompt, params
 
     async def _call_executor(
-        self, row: asyncpg.Record, attempt: InFlight
+        self, row: ClaimedRun, attempt: InFlight
     ) -> ExecutionResult | ExecutorError | None:
         """The attempt's outcome; None when it was stopped (fenced, released or cancelled).
 
         One cancel scope carries both ways an attempt stops early: its timeout (the scope's
-        deadline) and a heartbeat or drain that cancels it (which sets a flag first).
+        deadline) and a heartbeat or drain that cancels it (which records its stop reason first).
         """
-        timeout = row["timeout_seconds"]
+        timeout = row.timeout_seconds
         scope = attempt.scope
         outcome: ExecutionResult | ExecutorError | None = None
         with scope:
@@ -295,9 +292,7 @@ class WorkerPool:
             return AttemptTimeout(f"timed out after {timeout:g}s")
         return outcome
 
-    async def _attempt(
-        self, row: asyncpg.Record, attempt: InFlight
-    ) -> ExecutionResult | ExecutorError:
+    async def _attempt(self, row: ClaimedRun, attempt: InFlight) -> ExecutionResult | ExecutorError:
         try:
             prompt, params = await self._render(row)
         except ValidationError as exc:
@@ -306,20 +301,20 @@ class WorkerPool:
             # PostgresError when a connection dies): this attempt fails, the worker lives on
             return RetryableError(f"could not read the run's context: {exc!r}")
         request = ExecutionRequest(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            schedule_name=row["name"],
-            attempt_id=row["attempt_id"],
-            attempt=row["attempts"],
-            slot=row["slot"],
-            timezone=row["timezone"],
+            run_id=row.id,
+            schedule_id=row.schedule_id,
+            schedule_name=row.name,
+            attempt_id=row.attempt_id,
+            attempt=row.attempts,
+            slot=row.slot,
+            timezone=row.timezone,
             prompt=prompt,
-            model=row["model"],
+            model=row.model,
             params=params,
-            timeout=row["timeout_seconds"],
+            timeout=row.timeout_seconds,
             progress=AttemptLog(
                 self.pool, self.clock, self.metrics,
-                run_id=row["id"], attempt_id=row["attempt_id"], attempt=row["attempts"],
+                run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,
             ).record,
         )  # fmt: skip
         try:
@@ -332,67 +327,44 @@ class WorkerPool:
 
     def _settle(
         self,
-        row: asyncpg.Record,
+        row: ClaimedRun,
         attempt: InFlight,
         outcome: ExecutionResult | ExecutorError | None,
         duration: float,
     ) -> bool:
         """Queue the attempt's final write; False when it must write nothing."""
-        if attempt.stop.writes_nothing:
-            return False  # the lease is gone: this attempt writes nothing
-        provider = attempt.provider
-        if attempt.stop is StopReason.CANCEL_REQUESTED or outcome is None:
-            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
-            return self._finish(
-                attempt,
-                row,
-                status="cancelled",
-                attempt_status="cancelled",
-                error="cancelled while running",
-            )
-        if isinstance(outcome, ExecutionResult):
-            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
-            return self._finish(
-                attempt,
-                row,
-                status="succeeded",
-                attempt_status="succeeded",
-                output=outcome.output,
-                usage=dict(outcome.usage) if outcome.usage else None,
-            )
-        self._child(self.metrics.run_duration, provider, "failed").observe(duration)
-        decision = decide(
-            retryable=outcome.retryable,
-            retry_after=outcome.retry_after,
-            attempt=row["attempts"] - row["releases"],
-            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+        item = settle(
+            row,
+            attempt.stop,
+            outcome,
+            retry_base=self.retry_base,
+            retry_max=self.retry_max,
             jitter=random.random(),
         )
-        if decision.action == "retry":
-            self.metrics.retries.labels(provider).inc()
-            return self._finish(
-                attempt,
-                row,
-                status="pending",
-                attempt_status="failed",
-                error=outcome.message,
-                retry_in=decision.delay,
-            )
-        self.metrics.dead_letters.labels(provider).inc()
-        return self._finish(
-            attempt, row, status="dead", attempt_status="failed", error=outcome.message
-        )
+        if item is None:
+            return False  # the lease is gone: this attempt writes nothing
+        provider = attempt.provider
+        if item.status == RunStatus.CANCELLED:
+            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
+        elif item.status == RunStatus.SUCCEEDED:
+            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
+        else:
+            self._child(self.metrics.run_duration, provider, "failed").observe(duration)
+            if item.status == RunStatus.PENDING:
+                self.metrics.retries.labels(provider).inc()
+            else:
+                self.metrics.dead_letters.labels(provider).inc()
+        return self._finish(attempt, row, item)
 
-    def _finish(self, attempt: InFlight, row: asyncpg.Record, **fields: Any) -> bool:
+    def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
         attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
-        item = queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
         self.finalizer.submit(
             item, lambda outcome: self._finished_write(attempt, row, item, outcome)
         )
         return True
 
     def _finished_write(
-        self, attempt: InFlight, row: asyncpg.Record, item: queries.Finish, outcome: Outcome
+        self, attempt: InFlight, row: ClaimedRun, item: queries.Finish, outcome: Outcome
     ) -> None:
         """Called by the finalizer once the attempt's final write landed, was fenced or failed."""
         forget = True
@@ -411,9 +383,9 @@ class WorkerPool:
                 self._child(self.metrics.fenced_writes, "finish").inc()
                 self.heartbeat.fence(attempt, "finalize_rejected")
             else:
-                if item.status != "pending":
+                if item.status != RunStatus.PENDING:
                     self._child(self.metrics.runs_finished, item.status).inc()
-                if item.status == "dead" and self._tg is not None:
+                if item.status == RunStatus.DEAD and self._tg is not None:
                     # The attempt stays ours until the check is done, so drain waits for it.
                     self._tg.start_soon(self._autopause, attempt, row)
                     forget = False
@@ -421,7 +393,7 @@ class WorkerPool:
                     log.info(
                         f"run.{item.status}",
                         **_ids(row, self.worker_id),
-                        attempt=row["attempts"],
+                        attempt=row.attempts,
                         error=item.error,
                         retry_in=str(item.retry_in) if item.retry_in is not None else None,
                     )
@@ -429,12 +401,10 @@ class WorkerPool:
             if forget:
                 self._forget(attempt)
 
-    async def _autopause(self, attempt: InFlight, row: asyncpg.Record) -> None:
+    async def _autopause(self, attempt: InFlight, row: ClaimedRun) -> None:
         try:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await autopause.check(
-                    self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
-                )
+                await autopause.check(self.pool, row.schedule_id, row.id, self.clock.sql_now())
         except Exception as exc:  # the run is dead already; its next death checks again
             self.metrics.role_errors.labels("worker").inc()
             log.warning("autopause.check_failed", **_ids(row, self.worker_id), error=repr(exc))
