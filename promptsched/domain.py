@@ -147,3 +147,24 @@ class ReapedRun:
     worker_id: str | None
     lease_lost: bool
     woken: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """One run a worker claimed (run_claim_batch), with its schedule as re-read at claim time."""
+
+    id: int
+    schedule_id: int
+    slot: datetime
+    attempt_id: UUID
+    attempts: int  # this attempt's number: 1 for the first claim
+    releases: int  # claims handed back on drain, which do not count against max_attempts
+    max_attempts: int
+    name: str
+    prompt: str
+    model: str
+    params: dict[str, Any] | None
+    timezone: str
+    enabled: bool
+    timeout_seconds: float
+    start_lag: float  # seconds from the slot to the claim

@@ -20,7 +20,6 @@ from promptsched.config import Config
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import Notifier, build_senders
 from promptsched.roles.reaper import Reaper
@@ -28,6 +27,7 @@ from promptsched.roles.retention import Retention
 from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry

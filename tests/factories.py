@@ -12,8 +12,8 @@ from promptsched.executors.base import Registry
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 
 EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 

@@ -20,8 +20,8 @@ from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import listen
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry

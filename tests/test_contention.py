@@ -48,12 +48,12 @@ async def test_a_claim_counts_the_runs_another_claimer_held(pool: asyncpg.Pool[A
     runs = [await factories.pending_run(pool, sid, EPOCH + timedelta(seconds=n)) for n in range(3)]
     async with _held(pool, "runs", runs[:1]):
         got = await queries.run_claim_batch(pool, None, "echo", 3, "w", LEASE)
-        assert (sorted(row["id"] for row in got), got.claimable, got.contended) == (runs[1:], 3, 1)
+        assert (sorted(row.id for row in got), got.claimable, got.contended) == (runs[1:], 3, 1)
         # Only the held run is left: nothing claimed, and it was contention, not emptiness.
         got = await queries.run_claim_batch(pool, None, "echo", 3, "w", LEASE)
         assert (list(got), got.claimable, got.contended) == ([], 1, 1)
     got = await queries.run_claim_batch(pool, None, "echo", 3, "w", LEASE)
-    assert ([row["id"] for row in got], got.claimable, got.contended) == (runs[:1], 1, 0)
+    assert ([row.id for row in got], got.claimable, got.contended) == (runs[:1], 1, 0)
     got = await queries.run_claim_batch(pool, None, "echo", 3, "w", LEASE)
     assert (list(got), got.claimable, got.contended) == ([], 0, 0)
 
@@ -66,7 +66,7 @@ async def test_a_serial_run_waiting_for_its_predecessor_is_not_contention(
     waiting = await factories.pending_run(pool, sid, EPOCH - timedelta(minutes=1))
     await pool.execute("UPDATE runs SET serial = true WHERE schedule_id = $1", sid)
     [claimed] = await queries.run_claim_batch(pool, None, "echo", 4, "w", LEASE)
-    assert claimed["id"] == first
+    assert claimed.id == first
     got = await queries.run_claim_batch(pool, None, "echo", 4, "w", LEASE)
     assert (list(got), got.claimable, got.contended) == ([], 0, 0)
     # But the predecessor, locked by another claimer as it is taken, is contention for both.
@@ -74,7 +74,7 @@ async def test_a_serial_run_waiting_for_its_predecessor_is_not_contention(
     async with _held(pool, "runs", [first]):
         got = await queries.run_claim_batch(pool, None, "echo", 4, "w", LEASE)
         assert (list(got), got.claimable, got.contended) == ([], 1, 1)
-    assert waiting not in {row["id"] for row in got}
+    assert waiting not in {row.id for row in got}
 
 
 async def test_the_worker_counts_one_result_per_claim(pool: asyncpg.Pool[Any]) -> None:

@@ -23,7 +23,7 @@ from promptsched import netguard, notify_targets
 from promptsched.clock import FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
-from promptsched.roles.transcript import AttemptLog
+from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH
@@ -67,20 +67,20 @@ async def test_a_transcript_append_by_a_lost_attempt_is_a_fenced_write(
     metrics = Metrics()
     record = AttemptLog(
         pool, FrozenClock(EPOCH), metrics,
-        run_id=rid, attempt_id=claimed["attempt_id"], attempt=1,
+        run_id=rid, attempt_id=claimed.attempt_id, attempt=1,
     ).record  # fmt: skip
     step = Step(kind="model", number=1, max_steps=4, text="thinking", tokens=3, detail={})
     await record(step)
     assert _fenced(metrics)["transcript"] == 0
     await pool.execute(
-        "UPDATE run_attempts SET status = 'lost' WHERE attempt_id = $1", claimed["attempt_id"]
+        "UPDATE run_attempts SET status = 'lost' WHERE attempt_id = $1", claimed.attempt_id
     )
     await record(step)
     await record(step)
     assert _fenced(metrics)["transcript"] == 2  # two writes tried, two rejected
     assert sum(_lost(metrics).values()) == 0  # the transcript does not decide the lease
     transcript = await pool.fetchval(
-        "SELECT transcript FROM run_attempts WHERE attempt_id = $1", claimed["attempt_id"]
+        "SELECT transcript FROM run_attempts WHERE attempt_id = $1", claimed.attempt_id
     )
     assert len(transcript) == 1
 

@@ -22,8 +22,8 @@ from promptsched.errors import ConfigError, ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
 from tests.factories import EPOCH

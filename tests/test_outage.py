@@ -25,8 +25,8 @@ from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.config import ReaperSettings
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
-from promptsched.roles.heartbeat import Heartbeat, InFlight
 from promptsched.roles.reaper import Reaper
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
@@ -340,7 +340,8 @@ async def test_a_heartbeat_that_cannot_reach_the_database_stops_its_attempts_aft
     )
     running = InFlight(1, uuid4(), "echo", None)
     finishing = InFlight(2, uuid4(), "echo", None, finishing=True)
-    heartbeat.inflight.update({1: running, 2: finishing})
+    heartbeat.inflight.add(running)
+    heartbeat.inflight.add(finishing)
 
     async def fenced() -> bool:
         return running.fenced

@@ -18,8 +18,8 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from tests import factories
 from tests.factories import EPOCH
 from tests.helpers import Service, wait_until

@@ -29,8 +29,8 @@ from promptsched.executors.limiter import Limiter
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from tests import factories
 from tests.factories import EPOCH
 from tests.fakes.http_sink import HttpSink, start_http_sink

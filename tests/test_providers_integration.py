@@ -25,8 +25,8 @@ from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH

@@ -214,8 +214,8 @@ async def test_wrappers_round_trip_one_run(pool: asyncpg.Pool[Any]) -> None:
     from datetime import timedelta
 
     claimed = await queries.run_claim_batch(pool, None, "echo", 5, "w1", timedelta(seconds=30))
-    assert [row["attempts"] for row in claimed] == [1]
-    assert claimed[0]["prompt"] == "p"
+    assert [row.attempts for row in claimed] == [1]
+    assert claimed[0].prompt == "p"
 
 
 async def test_a_new_pooled_connection_needs_no_type_lookup_for_any_query(dsn: str) -> None:

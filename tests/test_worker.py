@@ -144,7 +144,7 @@ async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
     assert (run["status"], run["output"], run["attempt_id"]) == (
         "running",
         None,
-        claimed["attempt_id"],
+        claimed.attempt_id,
     )
 
 
@@ -180,7 +180,7 @@ async def test_serial_runs_of_one_schedule_start_one_at_a_time(pool: asyncpg.Poo
     claimed = await queries.run_claim_batch(
         pool, clock.sql_now(), "echo", 10, "w", timedelta(seconds=30)
     )
-    assert [row["id"] for row in claimed] == [first]
+    assert [row.id for row in claimed] == [first]
     # While the first runs, a second claimer gets nothing of this schedule.
     again = await queries.run_claim_batch(
         pool, clock.sql_now(), "echo", 10, "w2", timedelta(seconds=30)

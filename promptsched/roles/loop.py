@@ -46,8 +46,12 @@ async def run_forever(
     *,
     stopping: Callable[[], bool] = lambda: False,
     max_backoff: float = 10.0,
+    error_event: str = "role.error",
 ) -> None:
-    """Call ``tick`` (which returns how long to sleep) until ``stopping()``."""
+    """Call ``tick`` (which returns how long to sleep) until ``stopping()``.
+
+    ``error_event`` names the warning a failed tick logs (a role whose failures have their own
+    name in the log keeps it)."""
     log = structlog.get_logger(name)
     failures = 0
     while not stopping():
@@ -61,7 +65,7 @@ async def run_forever(
             metrics.role_errors.labels(name).inc()
             delay = min(max_backoff, 0.1 * 2 ** min(failures, 10))
             log.warning(
-                "role.error",
+                error_event,
                 role=name,
                 error=repr(exc),
                 retry_in=round(delay, 3),

@@ -11,6 +11,7 @@ from uuid import UUID
 from asyncpg import Record
 
 from promptsched.domain import (
+    ClaimedRun,
     DueGroup,
     OutboxEvent,
     OwedNotification,
@@ -285,11 +286,11 @@ async def run_previous_success(db: DB, schedule_id: int, slot: datetime) -> Reco
     return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot)
 
 
-class Claim(list[Record]):
+class Claim(list[ClaimedRun]):
     """The runs one claim got, plus ``claimable``: how many it could have taken had no other
     claimer held any (capped at what it asked for)."""
 
-    def __init__(self, rows: list[Record], claimable: int) -> None:
+    def __init__(self, rows: list[ClaimedRun], claimable: int) -> None:
         super().__init__(rows)
         self.claimable = claimable
 
@@ -299,12 +300,32 @@ class Claim(list[Record]):
         return max(0, self.claimable - len(self))
 
 
+def _claimed_run(row: Record) -> ClaimedRun:
+    return ClaimedRun(
+        id=row["id"],
+        schedule_id=row["schedule_id"],
+        slot=row["slot"],
+        attempt_id=row["attempt_id"],
+        attempts=row["attempts"],
+        releases=row["releases"],
+        max_attempts=row["max_attempts"],
+        name=row["name"],
+        prompt=row["prompt"],
+        model=row["model"],
+        params=row["params"],
+        timezone=row["timezone"],
+        enabled=row["enabled"],
+        timeout_seconds=row["timeout_seconds"],
+        start_lag=row["start_lag"],
+    )
+
+
 async def run_claim_batch(
     db: DB, now: datetime | None, provider: str, limit: int, worker_id: str, lease: timedelta
 ) -> Claim:
     found = await db.fetch(_Q["run_claim_batch"], now, provider, limit, worker_id, lease)
     claimable: int = found[0]["claimable"] if found else 0
-    return Claim([row for row in found if row["id"] is not None], claimable)
+    return Claim([_claimed_run(row) for row in found if row["id"] is not None], claimable)
 
 
 async def run_heartbeat_many(

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs
 from promptsched.clock import Clock
+from promptsched.domain import ClaimedRun, RunStatus
 from promptsched.errors import (
     AttemptTimeout,
     ExecutorError,
@@ -30,23 +31,23 @@ from promptsched.executors import template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
-from promptsched.retry import RetryPolicy, decide
 from promptsched.roles import autopause
-from promptsched.roles.finalizer import Finalizer, Outcome
-from promptsched.roles.heartbeat import Heartbeat, InFlight
-from promptsched.roles.loop import Wakeup
-from promptsched.roles.transcript import AttemptLog
+from promptsched.roles.loop import Wakeup, run_forever
+from promptsched.roles.worker.attempt import settle, skip_disabled
+from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
+from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
 
 
-def _ids(row: asyncpg.Record, worker_id: str) -> dict[str, Any]:
+def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
     """What every log line of an attempt is bound to."""
     return {
-        "run_id": row["id"],
-        "schedule_id": row["schedule_id"],
-        "attempt_id": str(row["attempt_id"]),
+        "run_id": row.id,
+        "schedule_id": row.schedule_id,
+        "attempt_id": str(row.attempt_id),
         "worker_id": worker_id,
     }
 
@@ -77,6 +78,8 @@ class WorkerPool:
         self.registry = registry
         self.limiters = dict(limiters)
         self.heartbeat = heartbeat
+        # One registry of the attempts in flight, shared with the heartbeat that renews them.
+        self.inflight: InFlightAttempts = heartbeat.inflight
         self.finalizer = Finalizer(pool, clock)
         self.slots = slots
         self.worker_id = worker_id
@@ -99,10 +102,6 @@ class WorkerPool:
         self._idle_gauge = metrics.worker_slots.labels("idle")
         self._children: dict[tuple[object, ...], Any] = {}
         self._update_slot_gauge()
-
-    @property
-    def inflight(self) -> dict[int, InFlight]:
-        return self.heartbeat.inflight
 
     def notify(self, _payload: str | None = None) -> None:
         self.wakeup.set()
@@ -145,14 +144,14 @@ class WorkerPool:
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
-                    row["id"],
-                    row["attempt_id"],
+                    row.id,
+                    row.attempt_id,
                     provider,
                     permit,
-                    row["schedule_id"],
+                    row.schedule_id,
                     self.worker_id,
                 )
-                self.inflight[row["id"]] = attempt
+                self.inflight.add(attempt)
                 self._executing += 1
                 self._start(row, attempt)
                 started += 1
@@ -187,7 +186,7 @@ class WorkerPool:
 
     # --- executing ------------------------------------------------------------------------
 
-    def _start(self, row: asyncpg.Record, attempt: InFlight) -> None:
+    def _start(self, row: ClaimedRun, attempt: InFlight) -> None:
         # A plain asyncio task: TaskGroup.start_soon costs four times as much per spawn, which
         # shows at thousands of runs a second. The pool keeps the set and, on the way out,
         # cancels and awaits it itself (_stop_attempts), as a task group would.
@@ -210,21 +209,19 @@ class WorkerPool:
             with anyio.CancelScope(shield=True):
                 await asyncio.wait(tasks)
 
-    async def _execute(self, row: asyncpg.Record, attempt: InFlight) -> None:
+    async def _execute(self, row: ClaimedRun, attempt: InFlight) -> None:
         submitted = False
         try:
-            self.metrics.start_lag.observe(max(0.0, row["start_lag"]))
-            if not row["enabled"]:
-                submitted = self._finish(
-                    attempt, row, status="skipped", attempt_status="skipped", skip_reason="disabled"
-                )
+            self.metrics.start_lag.observe(max(0.0, row.start_lag))
+            if not row.enabled:
+                submitted = self._finish(attempt, row, skip_disabled(row))
                 self.metrics.dropped_ticks.labels("disabled").inc()
                 return
             if logs.enabled("debug"):
                 log.debug(
                     "attempt.started",
                     **_ids(row, self.worker_id),
-                    attempt=row["attempts"],
+                    attempt=row.attempts,
                     provider=attempt.provider,
                 )
             started = time.monotonic()
@@ -242,64 +239,60 @@ class WorkerPool:
         # limit of N keeps at most N of its runs `running`, the rest wait as `pending` rows.
         if attempt.permit is not None:
             attempt.permit.release()
-        self.inflight.pop(attempt.run_id, None)
+        self.inflight.discard(attempt)
         if not self.inflight:
             self._idle.set()
         self.wakeup.set()
 
-    async def _render(self, row: asyncpg.Record) -> tuple[str, dict[str, Any]]:
+    async def _render(self, row: ClaimedRun) -> tuple[str, dict[str, Any]]:
         """The prompt and params of this attempt, templates filled in from the run context."""
-        params = dict(row["params"] or {})
+        params = dict(row.params or {})
         system = params.get("system")
-        used = template.variables_used(row["prompt"]) | (
+        used = template.variables_used(row.prompt) | (
             template.variables_used(system, field="params.system")
             if isinstance(system, str)
             else frozenset()
         )
         if not used:  # a prompt without tags is its own rendering
-            return row["prompt"], params
+            return row.prompt, params
         previous = None
         if any(v.startswith("previous_") for v in used):
-            previous = await queries.run_previous_success(
-                self.pool, row["schedule_id"], row["slot"]
-            )
+            previous = await queries.run_previous_success(self.pool, row.schedule_id, row.slot)
         context = template.build_context(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            schedule_name=row["name"],
-            slot=row["slot"],
-            timezone=row["timezone"],
+            run_id=row.id,
+            schedule_id=row.schedule_id,
+            schedule_name=row.name,
+            slot=row.slot,
+            timezone=row.timezone,
             previous_run_at=previous["finished_at"] if previous else None,
             previous_output=previous["output"] if previous else None,
         )
-        prompt = template.render(row["prompt"], context)
+        prompt = template.render(row.prompt, context)
         if isinstance(system, str):  # a system prompt is a template too
             params["system"] = template.render(system, context, field="params.system")
         return prompt, params
 
     async def _call_executor(
-        self, row: asyncpg.Record, attempt: InFlight
+        self, row: ClaimedRun, attempt: InFlight
     ) -> ExecutionResult | ExecutorError | None:
         """The attempt's outcome; None when it was stopped (fenced, released or cancelled).
 
         One cancel scope carries both ways an attempt stops early: its timeout (the scope's
-        deadline) and a heartbeat or drain that cancels it (which sets a flag first).
+        deadline) and a heartbeat or drain that cancels it (which records its stop reason first).
         """
-        timeout = row["timeout_seconds"]
+        timeout = row.timeout_seconds
         scope = attempt.scope
         outcome: ExecutionResult | ExecutorError | None = None
         with scope:
             scope.deadline = anyio.current_time() + timeout
             outcome = await self._attempt(row, attempt)
-        if attempt.fenced or attempt.released or attempt.cancel_requested:
+        if attempt.stopped:
             return None
         if scope.cancelled_caught:
             return AttemptTimeout(f"timed out after {timeout:g}s")
         return outcome
 
-    async def _attempt(
-        self, row: asyncpg.Record, attempt: InFlight
-    ) -> ExecutionResult | ExecutorError:
+    async def _attempt(self, row: ClaimedRun, attempt: InFlight) -> ExecutionResult | ExecutorError:
         try:
             prompt, params = await self._render(row)
         except ValidationError as exc:
@@ -308,20 +301,20 @@ class WorkerPool:
             # PostgresError when a connection dies): this attempt fails, the worker lives on
             return RetryableError(f"could not read the run's context: {exc!r}")
         request = ExecutionRequest(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            schedule_name=row["name"],
-            attempt_id=row["attempt_id"],
-            attempt=row["attempts"],
-            slot=row["slot"],
-            timezone=row["timezone"],
+            run_id=row.id,
+            schedule_id=row.schedule_id,
+            schedule_name=row.name,
+            attempt_id=row.attempt_id,
+            attempt=row.attempts,
+            slot=row.slot,
+            timezone=row.timezone,
             prompt=prompt,
-            model=row["model"],
+            model=row.model,
             params=params,
-            timeout=row["timeout_seconds"],
+            timeout=row.timeout_seconds,
             progress=AttemptLog(
                 self.pool, self.clock, self.metrics,
-                run_id=row["id"], attempt_id=row["attempt_id"], attempt=row["attempts"],
+                run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,
             ).record,
         )  # fmt: skip
         try:
@@ -334,67 +327,44 @@ class WorkerPool:
 
     def _settle(
         self,
-        row: asyncpg.Record,
+        row: ClaimedRun,
         attempt: InFlight,
         outcome: ExecutionResult | ExecutorError | None,
         duration: float,
     ) -> bool:
         """Queue the attempt's final write; False when it must write nothing."""
-        if attempt.fenced or attempt.released:
-            return False  # the lease is gone: this attempt writes nothing
-        provider = attempt.provider
-        if attempt.cancel_requested or outcome is None:
-            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
-            return self._finish(
-                attempt,
-                row,
-                status="cancelled",
-                attempt_status="cancelled",
-                error="cancelled while running",
-            )
-        if isinstance(outcome, ExecutionResult):
-            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
-            return self._finish(
-                attempt,
-                row,
-                status="succeeded",
-                attempt_status="succeeded",
-                output=outcome.output,
-                usage=dict(outcome.usage) if outcome.usage else None,
-            )
-        self._child(self.metrics.run_duration, provider, "failed").observe(duration)
-        decision = decide(
-            retryable=outcome.retryable,
-            retry_after=outcome.retry_after,
-            attempt=row["attempts"] - row["releases"],
-            policy=RetryPolicy(row["max_attempts"], self.retry_base, self.retry_max),
+        item = settle(
+            row,
+            attempt.stop,
+            outcome,
+            retry_base=self.retry_base,
+            retry_max=self.retry_max,
             jitter=random.random(),
         )
-        if decision.action == "retry":
-            self.metrics.retries.labels(provider).inc()
-            return self._finish(
-                attempt,
-                row,
-                status="pending",
-                attempt_status="failed",
-                error=outcome.message,
-                retry_in=decision.delay,
-            )
-        self.metrics.dead_letters.labels(provider).inc()
-        return self._finish(
-            attempt, row, status="dead", attempt_status="failed", error=outcome.message
-        )
+        if item is None:
+            return False  # the lease is gone: this attempt writes nothing
+        provider = attempt.provider
+        if item.status == RunStatus.CANCELLED:
+            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
+        elif item.status == RunStatus.SUCCEEDED:
+            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
+        else:
+            self._child(self.metrics.run_duration, provider, "failed").observe(duration)
+            if item.status == RunStatus.PENDING:
+                self.metrics.retries.labels(provider).inc()
+            else:
+                self.metrics.dead_letters.labels(provider).inc()
+        return self._finish(attempt, row, item)
 
-    def _finish(self, attempt: InFlight, row: asyncpg.Record, **fields: Any) -> bool:
+    def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
         attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
-        item = queries.Finish(run_id=row["id"], attempt_id=row["attempt_id"], **fields)
         self.finalizer.submit(
             item, lambda outcome: self._finished_write(attempt, row, item, outcome)
         )
         return True
 
     def _finished_write(
-        self, attempt: InFlight, row: asyncpg.Record, item: queries.Finish, outcome: Outcome
+        self, attempt: InFlight, row: ClaimedRun, item: queries.Finish, outcome: Outcome
     ) -> None:
         """Called by the finalizer once the attempt's final write landed, was fenced or failed."""
         forget = True
@@ -413,9 +383,9 @@ class WorkerPool:
                 self._child(self.metrics.fenced_writes, "finish").inc()
                 self.heartbeat.fence(attempt, "finalize_rejected")
             else:
-                if item.status != "pending":
+                if item.status != RunStatus.PENDING:
                     self._child(self.metrics.runs_finished, item.status).inc()
-                if item.status == "dead" and self._tg is not None:
+                if item.status == RunStatus.DEAD and self._tg is not None:
                     # The attempt stays ours until the check is done, so drain waits for it.
                     self._tg.start_soon(self._autopause, attempt, row)
                     forget = False
@@ -423,7 +393,7 @@ class WorkerPool:
                     log.info(
                         f"run.{item.status}",
                         **_ids(row, self.worker_id),
-                        attempt=row["attempts"],
+                        attempt=row.attempts,
                         error=item.error,
                         retry_in=str(item.retry_in) if item.retry_in is not None else None,
                     )
@@ -431,12 +401,10 @@ class WorkerPool:
             if forget:
                 self._forget(attempt)
 
-    async def _autopause(self, attempt: InFlight, row: asyncpg.Record) -> None:
+    async def _autopause(self, attempt: InFlight, row: ClaimedRun) -> None:
         try:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await autopause.check(
-                    self.pool, row["schedule_id"], row["id"], self.clock.sql_now()
-                )
+                await autopause.check(self.pool, row.schedule_id, row.id, self.clock.sql_now())
         except Exception as exc:  # the run is dead already; its next death checks again
             self.metrics.role_errors.labels("worker").inc()
             log.warning("autopause.check_failed", **_ids(row, self.worker_id), error=repr(exc))
@@ -466,23 +434,24 @@ class WorkerPool:
             await self._stop_attempts()
         return total
 
+    async def _dispatch_once(self) -> float:
+        """Claim what can be claimed; how long to wait before the next claim."""
+        started = await self.claim()
+        if started:
+            self._blocked_backoff = 0.0
+        return 0.0 if started else await self.seconds_until_work()
+
     async def _dispatch(self) -> None:
-        failures = 0
-        while self.claiming:
-            try:
-                started = await self.claim()
-                if started:
-                    self._blocked_backoff = 0.0
-                delay = 0.0 if started else await self.seconds_until_work()
-                failures = 0
-            except Exception as exc:  # asyncpg raises more than PostgresError on a dying
-                # connection (InternalClientError after a server shutdown); never crash the pool
-                failures += 1
-                self.metrics.role_errors.labels("worker").inc()
-                delay = min(10.0, 0.1 * 2 ** min(failures, 10))
-                log.warning("worker.claim_failed", error=repr(exc), retry_in=delay)
-            if self.claiming:
-                await self.wakeup.wait(delay)
+        # asyncpg raises more than PostgresError on a dying connection (InternalClientError
+        # after a server shutdown): run_forever survives it, counts it and backs off.
+        await run_forever(
+            "worker",
+            self._dispatch_once,
+            self.wakeup,
+            self.metrics,
+            stopping=lambda: not self.claiming,
+            error_event="worker.claim_failed",
+        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -505,12 +474,12 @@ class WorkerPool:
         with anyio.move_on_after(grace.total_seconds()):
             await self._idle.wait()
         # An attempt whose final write is queued is decided by that write, not released.
-        remaining = [a for a in self.inflight.values() if not a.finishing]
+        remaining = self.inflight.not_finishing()
         count = 0
         with anyio.CancelScope(shield=True):
             if remaining:
                 for attempt in remaining:
-                    attempt.released = True
+                    attempt.stop_for(StopReason.RELEASED)
                     attempt.scope.cancel()
                 with anyio.move_on_after(10):
                     count = await queries.run_release_many(

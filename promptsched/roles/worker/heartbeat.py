@@ -4,8 +4,10 @@ that stops an attempt whose lease was taken from it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import IntEnum
 from typing import Any
 from uuid import UUID
 
@@ -22,6 +24,26 @@ from promptsched.store import queries
 log = structlog.get_logger("heartbeat")
 
 
+class StopReason(IntEnum):
+    """Why an attempt stops before its executor's outcome is written; one per attempt.
+
+    Ordered by precedence: a stronger reason replaces a weaker one, never the reverse. A lease
+    that is lost (FENCED) or handed back on drain (RELEASED) means the attempt writes nothing,
+    whatever else happened; a cancel asked for by the run's owner (CANCEL_REQUESTED) ends it
+    ``cancelled`` only while the lease is still ours. A heartbeat skips FENCED attempts, so
+    nothing follows FENCED; RELEASED can still be fenced by a heartbeat racing the release.
+    """
+
+    NONE = 0
+    CANCEL_REQUESTED = 1
+    RELEASED = 2
+    FENCED = 3
+
+    @property
+    def writes_nothing(self) -> bool:
+        return self >= StopReason.RELEASED
+
+
 @dataclass(eq=False, slots=True)
 class InFlight:
     """One attempt running in this process."""
@@ -33,15 +55,69 @@ class InFlight:
     schedule_id: int = 0
     worker_id: str = ""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    fenced: bool = False
-    cancel_requested: bool = False
-    released: bool = False
+    stop: StopReason = StopReason.NONE
     # Its final write is on the way: that write's own guard decides, so a heartbeat that finds
-    # the row moved on (by this very write) must not count it as fenced.
+    # the row moved on (by this very write) must not count it as fenced. A phase, not a stop
+    # reason: a finishing attempt can still be fenced (its write rejected) or asked to cancel.
     finishing: bool = False
     # Monotonic time the lease was last known to start (the claim, then each renewal sent):
     # a lease lost longer than a lease after it expired; one lost sooner was taken.
     renewed_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def fenced(self) -> bool:
+        return self.stop is StopReason.FENCED
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop is not StopReason.NONE
+
+    def stop_for(self, reason: StopReason) -> bool:
+        """Record ``reason`` unless an equal or stronger one is recorded; True when recorded."""
+        if reason <= self.stop:
+            return False
+        self.stop = reason
+        return True
+
+
+class InFlightAttempts(Mapping[int, InFlight]):
+    """The one owner of this process's in-flight attempts, by run id.
+
+    The pool adds an attempt on claim and discards it once it is over for this process; the
+    heartbeat renews and fences what is here; drain releases what is here and not finishing.
+    Read-only as a mapping; changed only through ``add`` and ``discard``.
+    """
+
+    def __init__(self) -> None:
+        self._by_run: dict[int, InFlight] = {}
+
+    def __getitem__(self, run_id: int) -> InFlight:
+        return self._by_run[run_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_run)
+
+    def __len__(self) -> int:
+        return len(self._by_run)
+
+    def add(self, attempt: InFlight) -> None:
+        self._by_run[attempt.run_id] = attempt
+
+    def discard(self, attempt: InFlight) -> None:
+        """Forget the attempt in flight for ``attempt``'s run."""
+        self._by_run.pop(attempt.run_id, None)
+
+    def current(self, attempt: InFlight) -> bool:
+        """Whether ``attempt`` is still the one in flight for its run."""
+        return self._by_run.get(attempt.run_id) is attempt
+
+    def renewable(self) -> list[InFlight]:
+        """Attempts with a lease to renew: a fenced one has nothing left, it only waits to stop."""
+        return [a for a in self._by_run.values() if not a.fenced]
+
+    def not_finishing(self) -> list[InFlight]:
+        """Attempts whose final write is not queued (that write's own guard decides the rest)."""
+        return [a for a in self._by_run.values() if not a.finishing]
 
 
 class Heartbeat:
@@ -61,12 +137,11 @@ class Heartbeat:
         self.metrics = metrics
         self.lease = lease
         self.interval = interval
-        self.inflight: dict[int, InFlight] = {}
+        self.inflight = InFlightAttempts()
 
     async def run_once(self) -> int:
         """Renew all leases once; returns how many attempts were fenced or told to cancel."""
-        # A fenced attempt has nothing left to renew: it is only waiting to stop.
-        attempts = [a for a in self.inflight.values() if not a.fenced]
+        attempts = self.inflight.renewable()
         if not attempts:
             return 0
         sent = time.monotonic()
@@ -81,7 +156,7 @@ class Heartbeat:
         self.metrics.leases_renewed.inc(len(renewed))
         stopped = 0
         for attempt in attempts:
-            if self.inflight.get(attempt.run_id) is not attempt:
+            if not self.inflight.current(attempt):
                 continue  # finished while the heartbeat was in flight
             if attempt.run_id not in renewed:
                 if attempt.finishing:
@@ -91,9 +166,8 @@ class Heartbeat:
                 self.fence(attempt, "lease_lost")
                 continue
             attempt.renewed_at = sent
-            if renewed[attempt.run_id] and not attempt.cancel_requested:
+            if renewed[attempt.run_id] and attempt.stop_for(StopReason.CANCEL_REQUESTED):
                 stopped += 1
-                attempt.cancel_requested = True
                 log.info(
                     "attempt.cancel_requested",
                     run_id=attempt.run_id,
@@ -110,9 +184,8 @@ class Heartbeat:
         Counts the lease lost, by cause; the write that found out (if any) counts itself in
         ``fenced_writes``: a lease is lost once, however many writes it rejects.
         """
-        if attempt.fenced:
+        if not attempt.stop_for(StopReason.FENCED):
             return
-        attempt.fenced = True
         if reason == "heartbeat_unreachable":
             cause = "unreachable"
         elif time.monotonic() - attempt.renewed_at > self.lease.total_seconds():
@@ -153,6 +226,6 @@ class Heartbeat:
                 if time.monotonic() - last_ok > self.lease.total_seconds():
                     # Our leases have expired by now: whatever we write will be fenced, and
                     # another replica may already run these attempts. Stop them cleanly.
-                    for attempt in list(self.inflight.values()):
-                        if not attempt.finishing:  # a finish in flight is guarded by itself
-                            self.fence(attempt, "heartbeat_unreachable")
+                    # a finish in flight is guarded by itself
+                    for attempt in self.inflight.not_finishing():
+                        self.fence(attempt, "heartbeat_unreachable")

@@ -1,0 +1,84 @@
+"""How one attempt ends: a pure decision from what happened to the final write it owes.
+
+The pool runs the executor and observes the outcome; ``settle`` says what that outcome means for
+the run's row (and nothing else: no clock, no randomness of its own, no I/O), so every way an
+attempt can end is one line of a table test (tests/test_attempt.py).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
+from promptsched.errors import ExecutorError
+from promptsched.executors.base import ExecutionResult
+from promptsched.retry import RetryPolicy, decide
+from promptsched.roles.worker.heartbeat import StopReason
+from promptsched.store import queries
+
+# What the executor produced: a result, an error, or None when it was stopped early.
+Outcome = ExecutionResult | ExecutorError | None
+
+
+def settle(
+    run: ClaimedRun,
+    stop: StopReason,
+    outcome: Outcome,
+    *,
+    retry_base: timedelta,
+    retry_max: timedelta,
+    jitter: float,
+) -> queries.Finish | None:
+    """The attempt's final write; None when it must write nothing (its lease is gone).
+
+    In order of precedence: a lease lost (fenced) or handed back (released) writes nothing;
+    a cancel asked for by the run's owner, or an attempt stopped without an outcome, ends the
+    run ``cancelled``; a result ``succeeded``; an error retries (``pending`` at a backoff) or
+    ends ``dead`` as the retry policy decides. Attempts handed back on drain do not count
+    against ``max_attempts``. ``jitter`` is in [0, 1).
+    """
+    if stop.writes_nothing:
+        return None
+    if stop is StopReason.CANCEL_REQUESTED or outcome is None:
+        return queries.Finish(
+            run.id,
+            run.attempt_id,
+            RunStatus.CANCELLED,
+            AttemptStatus.CANCELLED,
+            error="cancelled while running",
+        )
+    if isinstance(outcome, ExecutionResult):
+        return queries.Finish(
+            run.id,
+            run.attempt_id,
+            RunStatus.SUCCEEDED,
+            AttemptStatus.SUCCEEDED,
+            output=outcome.output,
+            usage=dict(outcome.usage) if outcome.usage else None,
+        )
+    decision = decide(
+        retryable=outcome.retryable,
+        retry_after=outcome.retry_after,
+        attempt=run.attempts - run.releases,
+        policy=RetryPolicy(run.max_attempts, retry_base, retry_max),
+        jitter=jitter,
+    )
+    if decision.action == "retry":
+        return queries.Finish(
+            run.id,
+            run.attempt_id,
+            RunStatus.PENDING,
+            AttemptStatus.FAILED,
+            error=outcome.message,
+            retry_in=decision.delay,
+        )
+    return queries.Finish(
+        run.id, run.attempt_id, RunStatus.DEAD, AttemptStatus.FAILED, error=outcome.message
+    )
+
+
+def skip_disabled(run: ClaimedRun) -> queries.Finish:
+    """A run whose schedule was disabled by the time it was claimed is skipped, not executed."""
+    return queries.Finish(
+        run.id, run.attempt_id, RunStatus.SKIPPED, AttemptStatus.SKIPPED, skip_reason="disabled"
+    )
