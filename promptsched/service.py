@@ -13,7 +13,7 @@ import asyncpg
 from promptsched import netguard, notify_targets, offload
 from promptsched.clock import Clock
 from promptsched.durations import format_duration, parse_duration
-from promptsched.errors import PromptschedError, ValidationError
+from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.executors import budget, echo, openai, template
 from promptsched.schedule import fire_times, overlap, spec
 from promptsched.store import queries
@@ -259,19 +259,6 @@ def input_from_row(row: asyncpg.Record) -> dict[str, Any]:
     return raw
 
 
-class VersionConflict(PromptschedError):
-    """The schedule changed since the editor read it."""
-
-    def __init__(self, current: int) -> None:
-        super().__init__(f"the schedule changed meanwhile (now at version {current})")
-        self.current = current
-
-
-class NotFound(PromptschedError):
-    def __init__(self, what: str, ident: int) -> None:
-        super().__init__(f"{what} {ident} not found")
-
-
 async def update_schedule(
     conn: Conn,
     clock: Clock,
@@ -486,10 +473,6 @@ def run_json(row: asyncpg.Record) -> dict[str, Any]:
 def preview(spec_: spec.Spec, after: datetime, count: int) -> list[datetime]:
     """The next fire times, by the very code path the scheduler uses."""
     return fire_times.preview(spec_, after, count)
-
-
-class StateConflict(PromptschedError):
-    """The resource's current state does not allow the operation (e.g. cancel a finished run)."""
 
 
 async def cancel_run(

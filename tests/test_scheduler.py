@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from promptsched import logs, service
+from promptsched import errors, logs, service
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
 from promptsched.roles.scheduler import Scheduler
@@ -296,7 +296,7 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
     await scheduler.run_once()
     assert [r[0] for r in await _runs(pool, sid)] == ["09:00:00", "09:05:00", "09:10:00"]
     async with pool.acquire() as conn:
-        with pytest.raises(service.VersionConflict):
+        with pytest.raises(errors.VersionConflict):
             await service.update_schedule(
                 conn,
                 clock,
@@ -307,7 +307,7 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
                 providers=["echo"],
                 expected_version=1,
             )
-        with pytest.raises(service.NotFound):
+        with pytest.raises(errors.NotFound):
             await service.update_schedule(
                 conn,
                 clock,

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from anyio.abc import TaskStatus
 
-from promptsched import netguard, service
+from promptsched import netguard
 from promptsched.api import openapi, protocol, validate
 from promptsched.api.handlers import (
     controls,
@@ -31,7 +31,7 @@ from promptsched.api.http import DEPS, ApiError, Deps, Operation, endpoint
 from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.console import routes as console
-from promptsched.errors import ValidationError
+from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.metrics import Metrics
 from promptsched.tools.base import Catalog
 
@@ -86,11 +86,11 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
         return _error(
             exc.status, exc.code, exc.message, request_id, field=exc.field, headers=exc.headers
         )
-    if isinstance(exc, service.NotFound):
+    if isinstance(exc, NotFound):
         return _error(404, "not_found", str(exc), request_id)
-    if isinstance(exc, service.VersionConflict):
+    if isinstance(exc, VersionConflict):
         return _error(409, "version_conflict", str(exc), request_id, field="version")
-    if isinstance(exc, service.StateConflict):
+    if isinstance(exc, StateConflict):
         return _error(409, "conflict", str(exc), request_id)
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import notifications, service
+from promptsched import errors, notifications, service
 from promptsched.api import schemas
 from promptsched.errors import ValidationError
 from promptsched.schedule import spec
@@ -90,7 +90,7 @@ async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, 
     """One run with its attempts, replay and notifications; NotFound unless it is the owner's."""
     row = await queries.run_get(db, run_id, owner)
     if row is None:
-        raise service.NotFound("run", run_id)
+        raise errors.NotFound("run", run_id)
     attempts = await queries.run_attempts_list(db, run_id)
     replay = await queries.run_get_replay(db, run_id)
     sent = await notifications.list_run_notifications(db, run_id, owner)

@@ -18,7 +18,7 @@ import asyncpg
 import structlog
 
 from promptsched import config as configuration
-from promptsched import notifications, service
+from promptsched import errors, notifications, service
 from promptsched.api import explain as explaining
 from promptsched.api import validate, views
 from promptsched.cli import common
@@ -76,7 +76,7 @@ class DirectBackend:
     async def _schedule_row(self, schedule_id: int) -> asyncpg.Record:
         row = await queries.schedule_get(self.conn, schedule_id, None)
         if row is None:
-            raise service.NotFound("schedule", schedule_id)
+            raise errors.NotFound("schedule", schedule_id)
         return row
 
     async def create_schedule(self, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
@@ -223,7 +223,7 @@ class DirectBackend:
                 await listener.add_listener(listen.CHANNEL_PROGRESS, on_notify)
                 status = await queries.run_get_status(self.conn, run_id, None)
                 if status is None:
-                    raise service.NotFound("run", run_id)
+                    raise errors.NotFound("run", run_id)
                 yield "subscribed", {}
                 while status not in ENDED:
                     event: dict[str, Any] | None = None
@@ -251,9 +251,9 @@ class DirectBackend:
                 self.conn, notification_id, None, clock=self.clock
             )
         except ValidationError as exc:  # it exists but is not dead: a conflict, as in the API
-            raise service.StateConflict(exc.message) from None
+            raise errors.StateConflict(exc.message) from None
         if data is None:
-            raise service.NotFound("notification", notification_id)
+            raise errors.NotFound("notification", notification_id)
         return data
 
     async def preview(self, query: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched import service
+from promptsched import errors
 from promptsched.api import schemas
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
@@ -52,7 +52,7 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
 async def _zone(api: Backend, schedule_id: int) -> str:
     try:
         zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except (CliError, service.NotFound):  # its schedule was deleted: UTC
+    except (CliError, errors.NotFound):  # its schedule was deleted: UTC
         return "UTC"
     return zone
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched import service
+from promptsched import errors
 from promptsched.api import auth
 from promptsched.cli import backend, render, schedule_flags
 from promptsched.cli.backend import Backend
@@ -198,7 +198,7 @@ async def _zone(api: Backend, schedule_id: int) -> str:
     """The schedule's zone, UTC once it is deleted (its history outlives it)."""
     try:
         zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except (CliError, service.NotFound):
+    except (CliError, errors.NotFound):
         return "UTC"
     return zone
 

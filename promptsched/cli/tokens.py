@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import service
+from promptsched import errors, service
 from promptsched.api import auth
 from promptsched.cli.common import db_command, table
 from promptsched.store import queries
@@ -68,7 +68,7 @@ def cmd_revoke(args: argparse.Namespace, config: configuration.Config) -> int:
     async def main(conn: asyncpg.Connection[Any]) -> int:
         row = await queries.token_revoke(conn, args.id, None)
         if row is None:
-            raise service.NotFound("live token", args.id)
+            raise errors.NotFound("live token", args.id)
         print(json.dumps(_json(row)) if args.json else f"revoked token {args.id}")
         return 0
 

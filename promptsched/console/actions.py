@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import notifications, service
+from promptsched import errors, notifications, service
 from promptsched.api import validate
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
@@ -141,7 +141,7 @@ async def replay_notification(ctx: Ctx) -> web.StreamResponse:
             ctx.deps.pool, nid, ctx.scope, clock=ctx.deps.clock
         )
     except ValidationError as exc:  # it exists but is not dead
-        raise service.StateConflict(exc.message) from None
+        raise errors.StateConflict(exc.message) from None
     if replayed is None:
         raise NotFoundPage()
     return redirect("/dead?done=notification_replayed")

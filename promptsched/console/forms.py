@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import offload, service
+from promptsched import errors, offload, service
 from promptsched.api import validate
 from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
@@ -168,7 +168,7 @@ async def save(ctx: Ctx) -> web.StreamResponse:
             )  # fmt: skip
     except ValidationError as exc:
         return _render(ctx, values, sid=sid, version=version, error=exc, status=422)
-    except service.VersionConflict as exc:
+    except errors.VersionConflict as exc:
         notice = f"{exc}: reload the page to edit the current version."
         return _render(ctx, values, sid=sid, version=version, notice=notice, status=409)
     return redirect(f"/schedules/{sid}?done=saved")

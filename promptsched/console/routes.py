@@ -11,7 +11,7 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from promptsched import service
+from promptsched import errors, service
 from promptsched.api import auth
 from promptsched.api.http import DEPS
 from promptsched.console import actions, forms, layout, runs, schedules, session
@@ -57,9 +57,9 @@ def _failure(exc: Exception, ctx: Ctx | None, request: web.Request) -> web.Respo
             "The form was stale or did not come from this console (its CSRF token did not "
             "match). Nothing was changed. Reload the page and try again.",
         )  # fmt: skip
-    if isinstance(exc, NotFoundPage | service.NotFound):
+    if isinstance(exc, NotFoundPage | errors.NotFound):
         return layout.not_found(ctx)
-    if isinstance(exc, service.StateConflict | service.VersionConflict):
+    if isinstance(exc, errors.StateConflict | errors.VersionConflict):
         return layout.message_page(ctx, 409, "Not possible now", str(exc), back=request.path)
     if isinstance(exc, ValidationError):
         return layout.message_page(ctx, 422, "Invalid input", str(exc), back=request.path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import service
+from promptsched import errors, service
 from promptsched.api import validate, views
 from promptsched.api.handlers.schedules import schedule_reply
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Reply, json_reply
@@ -72,7 +72,7 @@ async def history(call: Call) -> web.StreamResponse:
         call.deps.pool, schedule_id, call.scope, int(cursor) if cursor else None, limit + 1
     )
     if not rows and await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise service.NotFound("schedule", schedule_id)
+        raise errors.NotFound("schedule", schedule_id)
     return json_reply(views.page([views.change(row) for row in rows], limit))
 
 

@@ -13,7 +13,7 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from promptsched import service
+from promptsched import errors
 from promptsched.api.http import ID_PARAM, Call, Operation, Reply
 from promptsched.api.progress import GAP, Subscription
 from promptsched.store import queries
@@ -35,7 +35,7 @@ async def stream(call: Call) -> web.StreamResponse:
     with hub.subscribe(run_id) as subscription:
         status = await queries.run_get_status(deps.pool, run_id, call.scope)
         if status is None:
-            raise service.NotFound("run", run_id)
+            raise errors.NotFound("run", run_id)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

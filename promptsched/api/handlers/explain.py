@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import offload, service
+from promptsched import errors, offload, service
 from promptsched.api import explain, validate
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
 from promptsched.schedule import spec
@@ -16,7 +16,7 @@ async def explain_slot(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
         row = await queries.schedule_get(conn, schedule_id, call.scope)
         if row is None:
-            raise service.NotFound("schedule", schedule_id)
+            raise errors.NotFound("schedule", schedule_id)
         zone = spec.load_zone(row["timezone"])
         at = validate.instant(call.params["at"], "at", zone=zone)
         now = await service.db_now(conn, call.deps.clock)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import service
+from promptsched import errors, service
 from promptsched.api import schemas, views
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param, Reply, json_reply
 from promptsched.store import queries
@@ -34,7 +34,7 @@ async def list_(call: Call) -> web.StreamResponse:
 async def list_for_schedule(call: Call) -> web.StreamResponse:
     schedule_id = call.params["id"]
     if await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise service.NotFound("schedule", schedule_id)
+        raise errors.NotFound("schedule", schedule_id)
     return await _page(call, schedule_id)
 
 

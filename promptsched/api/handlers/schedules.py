@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import offload, service
+from promptsched import errors, offload, service
 from promptsched.api import views
 from promptsched.api.http import (
     CURSOR,
@@ -81,7 +81,7 @@ async def list_(call: Call) -> web.StreamResponse:
 async def get(call: Call) -> web.StreamResponse:
     row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
     if row is None:
-        raise service.NotFound("schedule", call.params["id"])
+        raise errors.NotFound("schedule", call.params["id"])
     return await schedule_reply_off_loop(row)
 
 
@@ -119,7 +119,7 @@ async def patch(call: Call) -> web.StreamResponse:
                 expected_version=expected,
                 tools=deps.tool_catalog(),
             )
-    except service.VersionConflict as exc:
+    except errors.VersionConflict as exc:
         if header_version is not None:
             raise ApiError(412, "precondition_failed", str(exc)) from None
         raise
