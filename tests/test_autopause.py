@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import notify_targets
+from promptsched.ops import notify_targets
 from promptsched.roles import autopause
 from promptsched.store import queries, sqlfiles
 from tests import factories

@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from anyio.abc import TaskStatus
 
 from promptsched import netguard
-from promptsched.api import openapi, protocol, validate
+from promptsched.api import openapi, protocol
 from promptsched.api.handlers import (
     controls,
     events,
@@ -33,6 +33,7 @@ from promptsched.clock import Clock
 from promptsched.console import routes as console
 from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.metrics import Metrics
+from promptsched.ops import validate
 from promptsched.tools.base import Catalog
 
 log = structlog.get_logger("api")

@@ -13,11 +13,12 @@ import asyncpg
 from aiohttp import web
 
 from promptsched import netguard
-from promptsched.api import auth, schemas, validate
+from promptsched.api import auth
 from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
+from promptsched.ops import schemas, validate
 from promptsched.tools.base import Catalog
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from promptsched import config as configuration
 from promptsched import errors
-from promptsched.api import schemas
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, table
 from promptsched.cli.schedules import now_of
 from promptsched.errors import ValidationError
+from promptsched.ops import schemas
 
 _COLUMNS = (
     ("ID", "id", 8),

@@ -10,9 +10,10 @@ from typing import Any
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import errors, service
+from promptsched import errors
 from promptsched.api import auth
 from promptsched.cli.common import db_command, table
+from promptsched.ops import views
 from promptsched.store import queries
 
 _COLUMNS = (
@@ -27,7 +28,7 @@ _COLUMNS = (
 
 
 def _json(row: asyncpg.Record) -> dict[str, Any]:
-    return service.run_json(row)  # ISO instants, plain values
+    return views.run_json(row)  # ISO instants, plain values
 
 
 def cmd_create(args: argparse.Namespace, config: configuration.Config) -> int:

@@ -11,12 +11,13 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from promptsched import errors, service
+from promptsched import errors
 from promptsched.api import auth
 from promptsched.api.http import DEPS
 from promptsched.console import actions, forms, layout, runs, schedules, session
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
+from promptsched.ops import schedules as schedule_ops
 
 log = structlog.get_logger("console")
 
@@ -85,7 +86,7 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
             if post:
                 form = await request.post()
                 session.check_csrf(token, form.get(layout.CSRF_FIELD))
-            now = await service.db_now(deps.pool, deps.clock)
+            now = await schedule_ops.db_now(deps.pool, deps.clock)
             ctx = Ctx(request, deps, who, session.csrf_token(token), now, form)
             return await handler(ctx)
         except web.HTTPException:

@@ -11,10 +11,10 @@ from zoneinfo import ZoneInfo
 import asyncpg
 from aiohttp import web
 
-from promptsched import notifications
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
+from promptsched.ops import notifications
 from promptsched.store import queries
 
 DEAD_PAGE = 25

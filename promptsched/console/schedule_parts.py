@@ -10,12 +10,12 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from promptsched import notify_targets, offload, service
-from promptsched.api import explain, validate, views
+from promptsched import offload
 from promptsched.console import describe, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
 from promptsched.errors import ValidationError
+from promptsched.ops import explain, notify_targets, validate, views
 from promptsched.store import queries
 
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
@@ -53,7 +53,7 @@ def _json(value: Any) -> str:
 
 
 def settings(ctx: Ctx, row: asyncpg.Record) -> Markup:
-    data = service.schedule_json(row)
+    data = views.schedule_json(row)
     where = timefmt.zone(row["timezone"])
     words = describe.describe(row["kind"], row["expression"])
     items: list[tuple[str, object]] = [

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors, offload, service
-from promptsched.api import explain, validate
+from promptsched import errors, offload
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
+from promptsched.ops import explain, validate
+from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import spec
 from promptsched.store import queries
 
@@ -19,7 +20,7 @@ async def explain_slot(call: Call) -> web.StreamResponse:
             raise errors.NotFound("schedule", schedule_id)
         zone = spec.load_zone(row["timezone"])
         at = validate.instant(call.params["at"], "at", zone=zone)
-        now = await service.db_now(conn, call.deps.clock)
+        now = await schedule_ops.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
         runs = await queries.run_list_for_slot(conn, schedule_id, at)
     facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors, notifications
-from promptsched.api import views
+from promptsched import errors
 from promptsched.api.http import (
     CURSOR,
     ID_PARAM,
@@ -17,6 +16,7 @@ from promptsched.api.http import (
     json_reply,
 )
 from promptsched.errors import ValidationError
+from promptsched.ops import notifications, views
 
 
 async def list_dead(call: Call) -> web.StreamResponse:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors, service
-from promptsched.api import schemas, views
+from promptsched import errors
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param, Reply, json_reply
+from promptsched.ops import runs as run_ops
+from promptsched.ops import schemas, views
 from promptsched.store import queries
 
 STATUS = Param("status", "query", {"type": "string", "enum": list(schemas.RUN_STATUSES)})
@@ -39,24 +40,24 @@ async def list_for_schedule(call: Call) -> web.StreamResponse:
 
 
 async def get(call: Call) -> web.StreamResponse:
-    return json_reply(await views.load_run(call.deps.pool, call.params["id"], call.scope))
+    return json_reply(await run_ops.load_run(call.deps.pool, call.params["id"], call.scope))
 
 
 async def cancel(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        row = await service.cancel_run(
+        row = await run_ops.cancel_run(
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
-        detail = await views.load_run(conn, row["id"], call.scope)
+        detail = await run_ops.load_run(conn, row["id"], call.scope)
     return json_reply(detail, status=202 if detail["status"] == "running" else 200)
 
 
 async def replay(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        row = await service.replay_run(
+        row = await run_ops.replay_run(
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
-        detail = await views.load_run(conn, row["id"], call.scope)
+        detail = await run_ops.load_run(conn, row["id"], call.scope)
     return json_reply(detail, status=201)
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 
 from promptsched import durations
-from promptsched.api import views
 from promptsched.errors import ValidationError
+from promptsched.ops import views
 from promptsched.schedule import fire_times, spec
 
 TIMING = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
