@@ -14,9 +14,9 @@ import structlog
 from anyio.abc import TaskGroup
 
 from promptsched.api import app as api_app
-from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.config import Config
+from promptsched.console import routes as console
 from promptsched.executors.settings import build_registry, parse_providers
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
@@ -31,6 +31,7 @@ from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
+from promptsched.web.progress import ProgressHub
 
 log = structlog.get_logger("supervisor")
 
@@ -185,6 +186,7 @@ class Supervisor:
                 tools=self.tools.catalog,
                 progress=self.progress,
                 retention=config.retention if config.retention > timedelta(0) else None,
+                mounts=(console.mount,),  # the operator console: pages under / outside /v1
             )
             self.api = api_app.ApiServer(app, config.http_host, config.http_port)
             await tg.start(self.api.run)

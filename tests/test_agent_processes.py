@@ -17,10 +17,10 @@ import asyncpg
 import pytest
 
 from promptsched import netguard
-from promptsched.api import auth
 from promptsched.clock import Clock
 from promptsched.ops import inputs
 from promptsched.ops import schedules as schedule_ops
+from promptsched.web import auth
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.fakes.http_sink import HttpSink, start_http_sink

@@ -20,7 +20,6 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.ops import inputs
@@ -30,6 +29,7 @@ from promptsched.roles.reaper import Reaper
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
+from promptsched.web import auth
 from tests import factories
 from tests.chaos import checker
 from tests.factories import EPOCH

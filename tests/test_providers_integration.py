@@ -18,7 +18,6 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.settings import build_registry, parse_providers
@@ -28,6 +27,7 @@ from promptsched.ops import schedules as schedule_ops
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
 from promptsched.store import queries
+from promptsched.web import auth
 from tests import factories
 from tests.factories import EPOCH
 from tests.fakes import openai_server as fake_server

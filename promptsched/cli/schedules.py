@@ -11,11 +11,11 @@ from typing import Any
 
 from promptsched import config as configuration
 from promptsched import errors
-from promptsched.api import auth
 from promptsched.cli import backend, render, schedule_flags
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, instant, table
 from promptsched.errors import ValidationError
+from promptsched.web import auth
 
 OWNER_HELP = (
     "direct mode only: the owner the new schedule belongs to (default: 'default'); "

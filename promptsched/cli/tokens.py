@@ -11,10 +11,10 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import errors
-from promptsched.api import auth
 from promptsched.cli.common import db_command, table
 from promptsched.ops import views
 from promptsched.store import queries
+from promptsched.web import auth
 
 _COLUMNS = (
     ("ID", "id", 6),

@@ -12,12 +12,12 @@ import structlog
 from aiohttp import web
 
 from promptsched import errors
-from promptsched.api import auth
-from promptsched.api.http import DEPS
 from promptsched.console import actions, forms, layout, runs, schedules, session
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
 from promptsched.ops import schedules as schedule_ops
+from promptsched.web import auth
+from promptsched.web.deps import DEPS
 
 log = structlog.get_logger("console")
 

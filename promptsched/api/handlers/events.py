@@ -15,8 +15,8 @@ from aiohttp import web
 
 from promptsched import errors
 from promptsched.api.http import ID_PARAM, Call, Operation, Reply
-from promptsched.api.progress import GAP, Subscription
 from promptsched.store import queries
+from promptsched.web.progress import GAP, Subscription
 
 log = structlog.get_logger("api")
 # A stream ends once its run is final (or was deleted with its schedule).
