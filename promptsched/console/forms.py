@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import errors, offload
+from promptsched import domain, errors, offload
 from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
@@ -118,7 +118,7 @@ async def new_form(ctx: Ctx) -> web.StreamResponse:
     return _render(ctx, values)
 
 
-def _validate(ctx: Ctx, raw: dict[str, Any]) -> inputs.ScheduleInput:
+def _validate(ctx: Ctx, raw: dict[str, Any]) -> domain.ScheduleInput:
     deps = ctx.deps
     return inputs.validate(
         raw, providers=deps.providers, provider_kinds=deps.provider_kinds,

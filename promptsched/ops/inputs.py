@@ -4,11 +4,11 @@ would fail every attempt fail at save time instead."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from promptsched import netguard
+from promptsched.domain import ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import ValidationError
 from promptsched.executors import budget, echo, openai, template
@@ -36,34 +36,12 @@ MISFIRE_POLICIES = ("run_once", "skip", "run_all")
 KINDS = ("cron", "rrule", "at", "every")
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleInput:
-    name: str
-    kind: str
-    expression: str
-    prompt: str
-    timezone: str = "UTC"
-    provider: str = "echo"
-    model: str | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
-    misfire: str = "run_once"
-    misfire_cap: int = 100
-    misfire_grace: timedelta = timedelta(seconds=60)
-    catchup_window: timedelta | None = None
-    overlap: str = "skip"
-    max_attempts: int = 3
-    timeout: timedelta = timedelta(minutes=5)
-    jitter: timedelta | None = None
-    dst_gap: str = "shift"
-    dst_fold: str = "first"
-    enabled: bool = True
-    pause_after_failures: int | None = None
-    notify: Mapping[str, Any] = field(default_factory=dict)
-
-    def spec(self) -> spec.Spec:
-        return spec.parse(
-            self.kind, self.expression, self.timezone, dst_gap=self.dst_gap, dst_fold=self.dst_fold
-        )
+def spec_of(values: ScheduleInput) -> spec.Spec:
+    """The schedule's timing as the schedule math reads it (raises naming expression/zone)."""
+    return spec.parse(
+        values.kind, values.expression, values.timezone,
+        dst_gap=values.dst_gap, dst_fold=values.dst_fold,
+    )  # fmt: skip
 
 
 def _text(raw: Mapping[str, Any], key: str, *, limit: int, required: bool = True) -> str | None:
@@ -194,7 +172,7 @@ def validate(
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
-    values.spec()  # raises naming expression / timezone
+    spec_of(values)  # raises naming expression / timezone
     _check_provider_params(values, provider_kinds or {}, tools)
     return values
 

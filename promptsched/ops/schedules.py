@@ -11,6 +11,7 @@ import asyncpg
 
 from promptsched import netguard, offload
 from promptsched.clock import Clock
+from promptsched.domain import ScheduleInput
 from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.ops import inputs, views
 from promptsched.schedule import fire_times, spec
@@ -23,34 +24,18 @@ async def db_now(db: queries.DB, clock: Clock) -> datetime:
     return await queries.clock_now(db, clock.sql_now())
 
 
-def _columns(values: inputs.ScheduleInput) -> list[Any]:
-    """The editable columns, in the order schedule_insert and schedule_update take them."""
-    return [
-        values.name, values.kind, values.expression, values.timezone, values.dst_gap,
-        values.dst_fold, values.prompt, values.provider, values.model, dict(values.params),
-        values.misfire, values.misfire_cap, values.misfire_grace, values.catchup_window,
-        values.overlap, values.max_attempts, values.timeout, values.jitter,
-    ]  # fmt: skip
-
-
 async def create_schedule(
     db: queries.DB,
     clock: Clock,
-    values: inputs.ScheduleInput,
+    values: ScheduleInput,
     *,
     owner: str,
     actor: str | None = None,
 ) -> asyncpg.Record:
     now = await db_now(db, clock)
     # an expression that never fires (before 2200) is an error; the search runs off the loop
-    first = await offload.run(lambda: spec.check_fires(values.spec(), now))
-    row = await queries.schedule_insert(
-        db,
-        [
-            owner, *_columns(values), values.enabled, first, values.pause_after_failures,
-            dict(values.notify),
-        ],
-    )  # fmt: skip
+    first = await offload.run(lambda: spec.check_fires(inputs.spec_of(values), now))
+    row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
     await queries.schedule_change_insert(
         db, row["id"], owner, actor or owner, "create", {"fields": views.schedule_json(row)}
     )
@@ -61,7 +46,7 @@ async def create_schedule(
 def input_from_row(row: asyncpg.Record) -> dict[str, Any]:
     """A stored schedule as the raw input ``validate`` takes, for merging a patch into it."""
     data = views.schedule_json(row)
-    keep = {f for f in inputs.ScheduleInput.__dataclass_fields__} - {"misfire_grace"}
+    keep = {f for f in ScheduleInput.__dataclass_fields__} - {"misfire_grace"}
     raw = {key: data[key] for key in keep if key in data and data[key] is not None}
     raw["misfire_grace"] = data["misfire_grace"]
     raw["notify"] = dict(row["notify"] or {})  # the stored targets, secret included
@@ -114,11 +99,10 @@ async def update_schedule(
             now = await db_now(conn, clock)
             after = min(now, cursor) if cursor is not None else now
             since = after - timedelta(microseconds=1)
-            cursor = await offload.run(lambda: spec.check_fires(values.spec(), since))
+            cursor = await offload.run(lambda: spec.check_fires(inputs.spec_of(values), since))
         updated = await queries.schedule_update(
-            conn, schedule_id, row["version"],
-            [*_columns(values), cursor, values.pause_after_failures, dict(values.notify)],
-        )  # fmt: skip
+            conn, schedule_id, row["version"], values, next_fire_at=cursor
+        )
         assert updated is not None  # the row is locked: its version cannot move
         before, after_json = views.schedule_json(row), views.schedule_json(updated)
         changes = {
