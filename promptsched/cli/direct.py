@@ -21,6 +21,7 @@ from promptsched import config as configuration
 from promptsched import errors
 from promptsched.cli import common
 from promptsched.clock import Clock
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
 from promptsched.ops import explain as explaining
 from promptsched.ops import inputs, notifications, validate, views
@@ -33,7 +34,7 @@ from promptsched.tools.base import Catalog
 
 CLI_ACTOR = "cli"
 WATCH_POLL = 1.0  # seconds between status checks while watching a run directly
-ENDED = frozenset({"succeeded", "dead", "cancelled", "skipped", "deleted"})
+ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 
 
 async def _tool_catalog(config: configuration.Config, params: Any) -> Catalog | None:

@@ -13,6 +13,7 @@ from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, table
 from promptsched.cli.schedules import now_of
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
 from promptsched.ops import schemas
 
@@ -98,7 +99,7 @@ def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
         data = await api.cancel_run(args.id)
         if args.json:
             print(json.dumps(data))
-        elif data["status"] == "running":
+        elif data["status"] == RunStatus.RUNNING:
             print(f"asked run {args.id} to stop: its worker stops it at the next heartbeat")
         else:
             print(f"run {args.id} is {data['status']}")
@@ -137,7 +138,7 @@ def cmd_watch(args: argparse.Namespace, config: configuration.Config) -> int:
             run = await api.get_run(args.id)
             detail = run.get("error") or run.get("skip_reason") or ""
             print(f"run {args.id} {status}" + (f": {detail}" if detail else ""), flush=True)
-        return 0 if status == "succeeded" else 1
+        return 0 if status == RunStatus.SUCCEEDED else 1
 
     return backend.run(args, config, action)
 

@@ -7,6 +7,7 @@ from typing import Any
 import asyncpg
 
 from promptsched.clock import Clock
+from promptsched.domain import RunOrigin, RunStatus
 from promptsched.errors import NotFound, StateConflict
 from promptsched.ops import notifications, views
 from promptsched.store import queries
@@ -25,7 +26,7 @@ async def cancel_run(
     current = await queries.run_get(conn, run_id, owner)
     if current is None:
         raise NotFound("run", run_id)
-    if current["status"] == "cancelled":
+    if current["status"] == RunStatus.CANCELLED:
         return current
     raise StateConflict(
         f"run {run_id} is {current['status']}: only a pending or running run can be cancelled"
@@ -43,14 +44,14 @@ async def replay_run(
             current = await queries.run_get(conn, run_id, owner)
             if current is None:
                 raise NotFound("run", run_id)
-            if current["status"] != "dead":
+            if current["status"] != RunStatus.DEAD:
                 raise StateConflict(
                     f"run {run_id} is {current['status']}: only a dead run can be replayed"
                 )
             existing = await queries.run_get_replay(conn, run_id)
             again = f" as run {existing['id']}" if existing is not None else ""
             raise StateConflict(f"run {run_id} was already replayed{again}")
-        await queries.run_notify_ready(conn, "replay")  # delivered at commit
+        await queries.run_notify_ready(conn, RunOrigin.REPLAY)  # delivered at commit
         return row
 
 

@@ -11,7 +11,7 @@ import asyncpg
 
 from promptsched import netguard, offload
 from promptsched.clock import Clock
-from promptsched.domain import ScheduleInput
+from promptsched.domain import ChangeAction, RunOrigin, ScheduleInput
 from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.ops import inputs, views
 from promptsched.schedule import fire_times, spec
@@ -37,7 +37,12 @@ async def create_schedule(
     first = await offload.run(lambda: spec.check_fires(inputs.spec_of(values), now))
     row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
     await queries.schedule_change_insert(
-        db, row["id"], owner, actor or owner, "create", {"fields": views.schedule_json(row)}
+        db,
+        row["id"],
+        owner,
+        actor or owner,
+        ChangeAction.CREATE,
+        {"fields": views.schedule_json(row)},
     )
     await queries.schedule_notify_changed(db, row["id"])
     return row
@@ -111,7 +116,7 @@ async def update_schedule(
             if k not in ("version", "updated_at") and before.get(k) != after_json[k]
         }
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, "update", changes
+            conn, schedule_id, row["owner"], actor, ChangeAction.UPDATE, changes
         )
         await queries.schedule_notify_changed(conn, schedule_id)
         return updated
@@ -131,7 +136,7 @@ async def pause_schedule(
         if row is None:
             raise NotFound("schedule", schedule_id)
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, "pause",
+            conn, schedule_id, row["owner"], actor, ChangeAction.PAUSE,
             {"until": until.isoformat() if until else None, "reason": reason},
         )  # fmt: skip
         await queries.schedule_notify_changed(conn, schedule_id)
@@ -146,7 +151,9 @@ async def resume_schedule(
         row = await queries.schedule_resume(conn, schedule_id, owner)
         if row is None:
             raise NotFound("schedule", schedule_id)
-        await queries.schedule_change_insert(conn, schedule_id, row["owner"], actor, "resume", {})
+        await queries.schedule_change_insert(
+            conn, schedule_id, row["owner"], actor, ChangeAction.RESUME, {}
+        )
         await queries.schedule_notify_changed(conn, schedule_id)
         return row
 
@@ -165,10 +172,10 @@ async def trigger_schedule(
         run = await queries.run_insert_manual(conn, schedule_id, clock.sql_now())
         assert run is not None
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, "trigger",
+            conn, schedule_id, row["owner"], actor, ChangeAction.TRIGGER,
             {"run_id": run["id"]},
         )  # fmt: skip
-        await queries.run_notify_ready(conn, "manual")
+        await queries.run_notify_ready(conn, RunOrigin.MANUAL)
         return run
 
 
@@ -217,11 +224,11 @@ async def backfill_schedule(
                 )
         created = await queries.run_insert_backfill(conn, schedule_id, slots, clock.sql_now())
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, "backfill",
+            conn, schedule_id, row["owner"], actor, ChangeAction.BACKFILL,
             {"start": start.isoformat(), "end": end.isoformat(), "runs": len(created)},
         )  # fmt: skip
         if created:
-            await queries.run_notify_ready(conn, "backfill")
+            await queries.run_notify_ready(conn, RunOrigin.BACKFILL)
         return created
 
 
@@ -231,7 +238,7 @@ async def delete_schedule(conn: Conn, schedule_id: int, *, owner: str | None, ac
         if row is None:
             raise NotFound("schedule", schedule_id)
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, "delete", {"name": row["name"]}
+            conn, schedule_id, row["owner"], actor, ChangeAction.DELETE, {"name": row["name"]}
         )
         await queries.schedule_delete(conn, schedule_id, owner)
         await queries.schedule_notify_changed(conn, schedule_id)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from promptsched.domain import OutboxEvent, OutboxStatus, RunOrigin, RunStatus
 from promptsched.ops import inputs
 from promptsched.schedule import overlap
 
 MAX_PAGE = 200
 EMPTY = "Empty"  # the body of an operation that takes no fields
-RUN_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "skipped")
-ORIGINS = ("cadence", "manual", "backfill", "replay")
+RUN_STATUSES = tuple(status.value for status in RunStatus)
+ORIGINS = tuple(origin.value for origin in RunOrigin)
 
 Schema = dict[str, Any]
 
@@ -172,8 +173,8 @@ _NOTIFICATION: dict[str, Schema] = {
     "schedule_name": {"type": "string"},
     "channel": {"type": "string", "enum": ["email", "webhook"]},
     "target": {"type": ["array", "object"], "description": "never the webhook secret"},
-    "event": {"type": "string", "enum": ["succeeded", "dead"]},
-    "status": {"type": "string", "enum": ["pending", "sending", "sent", "dead"]},
+    "event": {"type": "string", "enum": [OutboxEvent.SUCCEEDED.value, OutboxEvent.DEAD.value]},
+    "status": {"type": "string", "enum": [status.value for status in OutboxStatus]},
     "attempts": {"type": "integer"},
     "max_attempts": {"type": ["integer", "null"]},
     "last_error": {"type": ["string", "null"]},

@@ -15,12 +15,13 @@ from aiohttp import web
 
 from promptsched import errors
 from promptsched.api.http import ID_PARAM, Call, Operation, Reply
+from promptsched.domain import RunStatus
 from promptsched.store import queries
 from promptsched.web.progress import GAP, Subscription
 
 log = structlog.get_logger("api")
 # A stream ends once its run is final (or was deleted with its schedule).
-ENDED = frozenset({"succeeded", "dead", "cancelled", "skipped", "deleted"})
+ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 RETRY_MS = 2000  # how long an EventSource waits before reconnecting
 
 

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from promptsched import errors
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param, Reply, json_reply
+from promptsched.domain import RunStatus
 from promptsched.ops import runs as run_ops
 from promptsched.ops import schemas, views
 from promptsched.store import queries
@@ -49,7 +50,7 @@ async def cancel(call: Call) -> web.StreamResponse:
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
         detail = await run_ops.load_run(conn, row["id"], call.scope)
-    return json_reply(detail, status=202 if detail["status"] == "running" else 200)
+    return json_reply(detail, status=202 if detail["status"] == RunStatus.RUNNING else 200)
 
 
 async def replay(call: Call) -> web.StreamResponse:
