@@ -162,8 +162,7 @@ class DirectBackend:
             owner=None,
             actor=CLI_ACTOR,
         )
-        created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
-        return {"created": len(created), "runs": created}
+        return views.backfill(runs)
 
     async def delete_schedule(self, schedule_id: int) -> None:
         await schedule_ops.delete_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
@@ -274,17 +273,7 @@ def preview_locally(query: dict[str, Any], clock: Clock) -> dict[str, Any]:
         if query.get("from")
         else clock.sql_now() or datetime.now(UTC)
     )
-    zone = spec.load_zone(parsed.timezone)
-    times = schedule_ops.preview(parsed, start, query["count"])
-    return {
-        "kind": parsed.kind,
-        "expression": parsed.expression,
-        "timezone": parsed.timezone,
-        "fire_times": [
-            {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
-            for t in times
-        ],
-    }
+    return views.preview(parsed, schedule_ops.preview(parsed, start, query["count"]))
 
 
 class Direct(AbstractAsyncContextManager[DirectBackend]):

@@ -4,7 +4,7 @@ the schemas document, secrets hidden."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -146,3 +146,23 @@ def page(items: list[dict[str, Any]], limit: int, key: str = "id") -> dict[str, 
     more = len(items) > limit
     items = items[:limit]
     return {"items": items, "next_cursor": str(items[-1][key]) if more and items else None}
+
+
+def backfill(runs: Sequence[asyncpg.Record]) -> dict[str, Any]:
+    """What a backfill created: how many runs, and each one's id and slot."""
+    created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
+    return {"created": len(created), "runs": created}
+
+
+def preview(parsed: spec.Spec, times: Sequence[datetime]) -> dict[str, Any]:
+    """A preview of fire times, each in UTC and in the schedule's zone."""
+    zone = spec.load_zone(parsed.timezone)
+    return {
+        "kind": parsed.kind,
+        "expression": parsed.expression,
+        "timezone": parsed.timezone,
+        "fire_times": [
+            {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
+            for t in times
+        ],
+    }

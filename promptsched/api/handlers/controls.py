@@ -62,8 +62,7 @@ async def backfill(call: Call) -> web.StreamResponse:
             owner=call.scope,
             actor=call.who.actor,
         )
-    created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
-    return json_reply({"created": len(created), "runs": created}, status=201)
+    return json_reply(views.backfill(runs), status=201)
 
 
 async def history(call: Call) -> web.StreamResponse:

@@ -3,7 +3,7 @@ and the OpenAPI document."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import anyio
 import structlog
@@ -14,7 +14,7 @@ from promptsched import offload
 from promptsched.api.http import Call, Operation, Param, Reply, json_reply
 from promptsched.errors import SchemaMismatch
 from promptsched.ops import schedules as schedule_ops
-from promptsched.ops import schemas, validate
+from promptsched.ops import schemas, validate, views
 from promptsched.schedule import spec
 from promptsched.store import migrate
 
@@ -48,18 +48,7 @@ async def preview(call: Call) -> web.StreamResponse:
         return parsed, schedule_ops.preview(parsed, start, p["count"])
 
     parsed, times = await offload.run(compute)
-    zone = spec.load_zone(parsed.timezone)
-    return json_reply(
-        {
-            "kind": parsed.kind,
-            "expression": parsed.expression,
-            "timezone": parsed.timezone,
-            "fire_times": [
-                {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
-                for t in times
-            ],
-        }
-    )  # fmt: skip
+    return json_reply(views.preview(parsed, times))
 
 
 async def healthz(call: Call) -> web.StreamResponse:
