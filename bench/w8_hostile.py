@@ -22,10 +22,11 @@ from aiohttp import web
 
 from bench.common import fresh_database, percentile
 from promptsched.api import app as api_app
-from promptsched.api import auth
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
+from promptsched.web import auth
 
 QUIET_SECONDS = 3.0
 BURST_SECONDS = 20.0
@@ -57,7 +58,11 @@ async def _lag_probe(samples: list[float], stop: asyncio.Event) -> None:
 async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
     dsn = await fresh_database(embedded)
     pool = await pools.create_pool(dsn, max_size=4)
-    runner = web.AppRunner(api_app.build(pool, Metrics(), lambda: True, providers=("echo",)))
+    runner = web.AppRunner(
+        api_app.build(
+            pool, Metrics(), lambda: True, providers=("echo",), mounts=(console_routes.mount,)
+        )
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -7,7 +7,8 @@ those strings, so rows read from asyncpg need no conversion to be matched agains
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -168,3 +169,31 @@ class ClaimedRun:
     enabled: bool
     timeout_seconds: float
     start_lag: float  # seconds from the slot to the claim
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInput:
+    """What a user may set on a schedule, checked (``ops.inputs.validate`` builds it): the
+    values ``store.queries.schedule_insert`` and ``schedule_update`` write, field by field."""
+
+    name: str
+    kind: str
+    expression: str
+    prompt: str
+    timezone: str = "UTC"
+    provider: str = "echo"
+    model: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    misfire: str = "run_once"
+    misfire_cap: int = 100
+    misfire_grace: timedelta = timedelta(seconds=60)
+    catchup_window: timedelta | None = None
+    overlap: str = "skip"
+    max_attempts: int = 3
+    timeout: timedelta = timedelta(minutes=5)
+    jitter: timedelta | None = None
+    dst_gap: str = "shift"
+    dst_fold: str = "first"
+    enabled: bool = True
+    pause_after_failures: int | None = None
+    notify: Mapping[str, Any] = field(default_factory=dict)

@@ -16,6 +16,25 @@ class ValidationError(PromptschedError):
         self.message = message
 
 
+class NotFound(PromptschedError):
+    """The resource does not exist, or is not the caller's."""
+
+    def __init__(self, what: str, ident: int) -> None:
+        super().__init__(f"{what} {ident} not found")
+
+
+class VersionConflict(PromptschedError):
+    """The schedule changed since the editor read it."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"the schedule changed meanwhile (now at version {current})")
+        self.current = current
+
+
+class StateConflict(PromptschedError):
+    """The resource's current state does not allow the operation (e.g. cancel a finished run)."""
+
+
 class ConfigError(ValidationError):
     """Invalid configuration, found at startup."""
 

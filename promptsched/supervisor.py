@@ -14,9 +14,9 @@ import structlog
 from anyio.abc import TaskGroup
 
 from promptsched.api import app as api_app
-from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
 from promptsched.config import Config
+from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
@@ -32,6 +32,7 @@ from promptsched.store import listen, migrate
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
+from promptsched.web.progress import ProgressHub
 
 log = structlog.get_logger("supervisor")
 
@@ -175,6 +176,7 @@ class Supervisor:
                 tools=self.tools.catalog,
                 progress=self.progress,
                 retention=serving.retention,
+                mounts=(console.mount,),  # the operator console: pages under / outside /v1
             )
             self.api = api_app.ApiServer(app, serving.host, serving.port)
             await tg.start(self.api.run)

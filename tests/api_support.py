@@ -17,9 +17,11 @@ from aiohttp.web_runner import BaseRunner
 from multidict import CIMultiDictProxy
 
 from promptsched.api import app as api_app
-from promptsched.api import auth, openapi, protocol
+from promptsched.api import openapi, protocol
 from promptsched.clock import Clock
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
+from promptsched.web import auth
 
 DOCUMENT = openapi.document(api_app.OPERATIONS)
 SCHEDULE = {"name": "daily digest", "cron": "0 9 * * *", "prompt": "Summarize {{ date }}"}
@@ -110,7 +112,7 @@ async def client(
 ) -> AsyncIterator[Api]:
     app = api_app.build(
         pool, Metrics(), lambda: True, clock=clock, providers=providers,
-        provider_kinds=provider_kinds, retention=retention,
+        provider_kinds=provider_kinds, retention=retention,mounts=(console_routes.mount,)
     )  # fmt: skip
     async with TestClient(Server(app)) as test_client:
         yield Api(test_client, pool)

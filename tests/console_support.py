@@ -14,10 +14,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDictProxy
 
 from promptsched.api import app as api_app
-from promptsched.api import auth
 from promptsched.clock import Clock
 from promptsched.console import routes
 from promptsched.metrics import Metrics
+from promptsched.web import auth
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -77,6 +77,8 @@ def assert_secure_headers(page: Page) -> None:
 
 @asynccontextmanager
 async def console(pool: asyncpg.Pool[Any], *, clock: Clock | None = None) -> AsyncIterator[Console]:
-    app = api_app.build(pool, Metrics(), lambda: True, clock=clock, providers=("echo",))
+    app = api_app.build(
+        pool, Metrics(), lambda: True, clock=clock, providers=("echo",), mounts=(routes.mount,)
+    )
     async with TestClient(TestServer(app)) as test_client:
         yield Console(test_client, pool)

@@ -16,10 +16,12 @@ import asyncpg
 import pytest
 
 from promptsched import config as configuration
-from promptsched import netguard, service
+from promptsched import netguard
 from promptsched.clock import Clock
 from promptsched.delivery import DeliveryError
 from promptsched.errors import ConfigError
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from promptsched.roles.notifier import build_senders
 from promptsched.tools.base import ToolError
 from promptsched.tools.registry import ToolRegistry
@@ -243,7 +245,7 @@ async def sink() -> AsyncIterator[HttpSink]:
 async def _agent_run(
     pool: asyncpg.Pool[Any], sink: HttpSink, allow: netguard.Allowlist
 ) -> tuple[int, int]:
-    values = service.validate(
+    values = inputs.validate(
         {
             "name": "guarded agent", "cron": "0 0 1 1 *", "prompt": "Read the page.",
             "provider": PROVIDER, "params": {"tools": ["http_get"], "max_steps": 3},
@@ -252,8 +254,10 @@ async def _agent_run(
         providers=[PROVIDER], provider_kinds={PROVIDER: "openai"}, webhook_allow=allow,
     )  # fmt: skip
     async with pool.acquire() as conn, conn.transaction():
-        row = await service.create_schedule(conn, Clock(), values, owner="default")
-        run = await service.trigger_schedule(conn, Clock(), row["id"], owner=None, actor="test")
+        row = await schedule_ops.create_schedule(conn, Clock(), values, owner="default")
+        run = await schedule_ops.trigger_schedule(
+            conn, Clock(), row["id"], owner=None, actor="test"
+        )
     return row["id"], run["id"]
 
 

@@ -14,12 +14,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched import netguard, service
+from promptsched import netguard
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
+from promptsched.ops import inputs
 from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import listen
@@ -327,14 +328,14 @@ def test_agent_params_are_checked_when_a_schedule_is_saved(
         {**catalog.tools, "kb.write": "tool 'kb.write' is not marked read-only"}
     )
     if field is None:
-        service.validate(_raw(params), providers=KINDS, provider_kinds=KINDS, tools=catalog)
+        inputs.validate(_raw(params), providers=KINDS, provider_kinds=KINDS, tools=catalog)
         return
     with pytest.raises(ValidationError) as raised:
-        service.validate(_raw(params), providers=KINDS, provider_kinds=KINDS, tools=catalog)
+        inputs.validate(_raw(params), providers=KINDS, provider_kinds=KINDS, tools=catalog)
     assert raised.value.field == field
     assert message is not None and message in raised.value.message
 
 
 def test_tools_need_an_openai_provider() -> None:
     with pytest.raises(ValidationError, match="need an openai-kind provider"):
-        service.validate(_raw({"tools": ["rss"]}, "echo"), providers=KINDS, provider_kinds=KINDS)
+        inputs.validate(_raw({"tools": ["rss"]}, "echo"), providers=KINDS, provider_kinds=KINDS)

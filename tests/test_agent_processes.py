@@ -16,9 +16,11 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched import netguard, service
-from promptsched.api import auth
+from promptsched import netguard
 from promptsched.clock import Clock
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
+from promptsched.web import auth
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.fakes.http_sink import HttpSink, start_http_sink
@@ -61,7 +63,7 @@ def _env(fake: fake_server.FakeOpenAI, **extra: str) -> dict[str, str]:
 async def _agent_schedule(
     pool: asyncpg.Pool[Any], owner: str = "default", notify: dict[str, Any] | None = None
 ) -> int:
-    values = service.validate(
+    values = inputs.validate(
         {
             "name": "harbour agent", "cron": "0 0 1 1 *", "prompt": PROMPT,
             "provider": PROVIDER, "params": {"tools": ["http_get"], "max_steps": 4},
@@ -70,7 +72,7 @@ async def _agent_schedule(
         providers=[PROVIDER], provider_kinds={PROVIDER: "openai"}, webhook_allow=LOOPBACK,
     )  # fmt: skip
     async with pool.acquire() as conn, conn.transaction():
-        row = await service.create_schedule(conn, Clock(), values, owner=owner)
+        row = await schedule_ops.create_schedule(conn, Clock(), values, owner=owner)
     sid: int = row["id"]
     return sid
 
@@ -95,7 +97,7 @@ async def test_an_attempt_killed_mid_loop_is_retried_from_a_fresh_conversation(
     try:
         await first.ready()
         async with pool.acquire() as conn:
-            run = await service.trigger_schedule(conn, Clock(), sid, owner=None, actor="test")
+            run = await schedule_ops.trigger_schedule(conn, Clock(), sid, owner=None, actor="test")
         rid = run["id"]
 
         async def mid_loop() -> bool:

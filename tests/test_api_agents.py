@@ -14,10 +14,11 @@ import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 
 from promptsched.api import app as api_app
-from promptsched.api.progress import ProgressHub
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from promptsched.store import listen
 from promptsched.tools.base import Catalog
+from promptsched.web.progress import ProgressHub
 from tests import factories
 from tests.api_support import Api
 from tests.helpers import wait_until
@@ -39,6 +40,7 @@ async def agent_api(pool: asyncpg.Pool[Any], hub: ProgressHub | None = None) -> 
     app = api_app.build(
         pool, Metrics(), lambda: True, providers=("echo", "llm"),
         provider_kinds={"echo": "echo", "llm": "openai"}, tools=lambda: CATALOG, progress=hub,
+        mounts=(console_routes.mount,),
     )  # fmt: skip
     async with TestClient(TestServer(app)) as client:
         yield Api(client, pool)

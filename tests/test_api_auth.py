@@ -10,10 +10,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched.api import auth
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.store import queries
+from promptsched.web import auth
 from tests import api_support, factories
 from tests.api_support import DOCUMENT, SCHEDULE, Api
 

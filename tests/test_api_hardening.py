@@ -20,11 +20,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from promptsched import logs
 from promptsched.api import app as api_app
-from promptsched.api import auth
 from promptsched.clock import Clock
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.store import pool as pools
+from promptsched.web import auth
 from tests import api_support, console_support, factories
 from tests.api_support import SCHEDULE, Api
 
@@ -330,7 +331,7 @@ async def test_triggering_a_paused_schedule_is_a_409_that_says_so_and_creates_no
 async def test_healthz_does_no_database_work(pool: asyncpg.Pool[Any]) -> None:
     """An app without a database at all still answers: nothing on /healthz can queue
     behind a busy pool."""
-    app = api_app.build(None, Metrics(), lambda: True)  # type: ignore[arg-type]
+    app = api_app.build(None, Metrics(), lambda: True, mounts=(console_routes.mount,))  # type: ignore[arg-type]
     async with TestClient(TestServer(app)) as client:
         async with client.get("/healthz") as response:
             assert response.status == 200
@@ -340,7 +341,7 @@ async def test_healthz_does_no_database_work(pool: asyncpg.Pool[Any]) -> None:
 async def test_readyz_tells_an_anonymous_caller_no_driver_details(dsn: str) -> None:
     closed = await pools.create_pool(dsn, min_size=1, max_size=1)
     await closed.close()
-    app = api_app.build(closed, Metrics(), lambda: True)
+    app = api_app.build(closed, Metrics(), lambda: True, mounts=(console_routes.mount,))
     async with TestClient(TestServer(app)) as client:
         async with client.get("/readyz") as response:
             assert response.status == 503

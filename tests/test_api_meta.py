@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
 from promptsched.api import app as api_app
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from tests import api_support
 from tests.api_support import Api
@@ -87,7 +88,7 @@ async def test_preview_errors_name_the_field(
 
 async def test_health_readiness_and_metrics(pool: asyncpg.Pool[Any]) -> None:
     ready = {"value": True}
-    app = api_app.build(pool, Metrics(), lambda: ready["value"])
+    app = api_app.build(pool, Metrics(), lambda: ready["value"], mounts=(console_routes.mount,))
     async with TestClient(TestServer(app)) as client:
         assert (await client.get("/healthz")).status == 200
         assert await (await client.get("/readyz")).json() == {"status": "ready"}
@@ -125,7 +126,7 @@ async def test_an_unreachable_database_is_a_503(pool: asyncpg.Pool[Any], dsn: st
     headers = await api_support.bearer(pool, "alice")
     closed = await asyncpg.create_pool(dsn, min_size=0, max_size=1)
     await closed.close()
-    app = api_app.build(closed, Metrics(), lambda: True)
+    app = api_app.build(closed, Metrics(), lambda: True, mounts=(console_routes.mount,))
     async with TestClient(TestServer(app)) as client:
         with capture_logs():
             response = await client.get("/v1/schedules", headers=headers)

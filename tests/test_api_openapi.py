@@ -25,11 +25,12 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi import checks
 
 from promptsched.api import app as api_app
-from promptsched.api import auth
-from promptsched.api.progress import ProgressHub
 from promptsched.clock import Clock
+from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from promptsched.store import pool as pools
+from promptsched.web import auth
+from promptsched.web.progress import ProgressHub
 from tests import factories
 from tests.api_support import DOCUMENT, SCHEDULE
 
@@ -44,7 +45,7 @@ FUZZ_CHECKS = [
 
 
 def test_every_route_is_documented_and_every_documented_route_exists() -> None:
-    app = api_app.build(None, Metrics(), lambda: True)  # type: ignore[arg-type]
+    app = api_app.build(None, Metrics(), lambda: True, mounts=(console_routes.mount,))  # type: ignore[arg-type]
     routes = {
         (route.method, route.resource.canonical)
         for route in app.router.routes()
@@ -94,7 +95,12 @@ class ServerThread:
         # Run event streams end after 0.2s here: a fuzzed request must not wait for a run.
         streams = ProgressHub(max_stream=0.2, poll=0.05)
         app = api_app.build(
-            self.pool, Metrics(), lambda: True, providers=("echo",), progress=streams
+            self.pool,
+            Metrics(),
+            lambda: True,
+            providers=("echo",),
+            progress=streams,
+            mounts=(console_routes.mount,),
         )
         self.runner = web.AppRunner(app, handle_signals=False, **api_app.RUNNER_OPTIONS)
         await self.runner.setup()

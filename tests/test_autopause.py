@@ -8,7 +8,8 @@ from typing import Any
 
 import asyncpg
 
-from promptsched import netguard, notify_targets
+from promptsched import netguard
+from promptsched.ops import notify_targets
 from promptsched.roles import autopause
 from promptsched.store import queries, sqlfiles
 from tests import factories

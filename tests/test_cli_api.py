@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from promptsched import cli
-from promptsched.api import auth
 from promptsched.clock import Clock
 from promptsched.store import pool as pools
+from promptsched.web import auth
 from tests import factories
 
 RUN_KEYS = {"id", "schedule_id", "slot", "status", "attempts", "skip_reason", "error"}

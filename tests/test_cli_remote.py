@@ -21,10 +21,10 @@ import asyncpg
 import pytest
 
 from promptsched import cli
-from promptsched.api import auth
 from promptsched.cli import completion
 from promptsched.clock import Clock, FrozenClock
 from promptsched.store import pool as pools
+from promptsched.web import auth
 from tests import factories
 from tests import test_agent_processes as agents
 from tests.fakes import openai_server as fake_server

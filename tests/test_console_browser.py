@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched.api import auth
+from promptsched.web import auth
 from tests.browser_support import chromium, screenshot, wait
 from tests.helpers import Service
 

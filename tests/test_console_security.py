@@ -103,7 +103,7 @@ async def test_the_csrf_token_of_another_session_is_refused(
 async def test_the_login_form_needs_its_own_csrf_cookie(
     ui: Console, pool: asyncpg.Pool[Any]
 ) -> None:
-    from promptsched.api import auth
+    from promptsched.web import auth
 
     token, _ = await auth.create_token(pool, owner="alice")
     refused = await ui.post("/login", {"token": token}, csrf="made-up")

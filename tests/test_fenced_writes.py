@@ -19,10 +19,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from promptsched import netguard, notify_targets
+from promptsched import netguard
 from promptsched.clock import FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
+from promptsched.ops import notify_targets
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories

@@ -15,8 +15,8 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched.api import auth
 from promptsched.store import queries
+from promptsched.web import auth
 from tests.helpers import Service, wait_until
 
 pytestmark = pytest.mark.slow

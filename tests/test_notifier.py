@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched import netguard, notifications, notify_targets
+from promptsched import netguard
 from promptsched.clock import FrozenClock
 from promptsched.config import NotifierSettings, ReaperSettings
 from promptsched.config import load as load_config
@@ -23,6 +23,7 @@ from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
+from promptsched.ops import notifications, notify_targets
 from promptsched.roles.notifier import Notifier
 from promptsched.roles.reaper import Reaper
 from promptsched.secret import Secret

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from promptsched import netguard, notify_targets
+from promptsched import netguard
 from promptsched.errors import ValidationError
+from promptsched.ops import notify_targets
 
 NOTHING = netguard.NO_WEBHOOK_ALLOW
 

@@ -20,16 +20,17 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from promptsched import service
-from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.config import ReaperSettings
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
+from promptsched.web import auth
 from tests import factories
 from tests.chaos import checker
 from tests.factories import EPOCH
@@ -93,8 +94,8 @@ def _retry_lines_per_second(svc: Service) -> Counter[str]:
 async def _create(dsn: str, **raw: Any) -> asyncpg.Record:
     conn = await pools.connect(dsn)
     try:
-        values = service.validate({"name": "outage", "prompt": "p", **raw}, providers=["echo"])
-        return await service.create_schedule(conn, Clock(), values, owner="o")
+        values = inputs.validate({"name": "outage", "prompt": "p", **raw}, providers=["echo"])
+        return await schedule_ops.create_schedule(conn, Clock(), values, owner="o")
     finally:
         await conn.close()
 
@@ -118,7 +119,7 @@ async def test_the_service_rides_out_postgres_stopped_and_started_again(
         slow = await _create(dsn, at="2099-01-01T00:00:00Z", params={"latency": "6s"})
         conn = await pools.connect(dsn)
         try:
-            run_id = (await service.trigger_schedule(conn, Clock(), slow["id"], owner=None,
+            run_id = (await schedule_ops.trigger_schedule(conn, Clock(), slow["id"], owner=None,
                                                      actor="t"))["id"]  # fmt: skip
             token, _ = await auth.create_token(conn, owner="o")
         finally:

@@ -9,16 +9,17 @@ from typing import Any
 import asyncpg
 import pytest
 
-from promptsched import service
 from promptsched.clock import Clock
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from tests.helpers import Service, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 async def _create(pool: asyncpg.Pool[Any], **raw: Any) -> int:
-    values = service.validate({"name": "live", "prompt": "p", **raw}, providers=["echo"])
-    return int((await service.create_schedule(pool, Clock(), values, owner="o"))["id"])
+    values = inputs.validate({"name": "live", "prompt": "p", **raw}, providers=["echo"])
+    return int((await schedule_ops.create_schedule(pool, Clock(), values, owner="o"))["id"])
 
 
 async def _db_now(pool: asyncpg.Pool[Any]) -> Any:

@@ -18,16 +18,17 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched import service
-from promptsched.api import auth
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import queries
+from promptsched.web import auth
 from tests import factories
 from tests.factories import EPOCH
 from tests.fakes import openai_server as fake_server
@@ -402,33 +403,33 @@ def test_bad_openai_params_are_rejected_at_save_time(
     params: dict[str, Any], field: str, message: str
 ) -> None:
     with pytest.raises(ValidationError) as caught:
-        service.validate(_raw(PROVIDER, params), providers=KINDS, provider_kinds=KINDS)
+        inputs.validate(_raw(PROVIDER, params), providers=KINDS, provider_kinds=KINDS)
     assert caught.value.field == field
     assert message in caught.value.message
 
 
 def test_openai_param_checks_apply_to_openai_kinds_only() -> None:
     good = {"temperature": "0.2", "max_tokens": "100", "stop": "END", "system": "{{ date }}"}
-    values = service.validate(_raw(PROVIDER, good), providers=KINDS, provider_kinds=KINDS)
+    values = inputs.validate(_raw(PROVIDER, good), providers=KINDS, provider_kinds=KINDS)
     assert values.params == good  # stored as given; converted on the wire
     echo_params = {"latency": "10ms", "fail_attempts": 1}
-    service.validate(_raw("echo", echo_params), providers=KINDS, provider_kinds=KINDS)
+    inputs.validate(_raw("echo", echo_params), providers=KINDS, provider_kinds=KINDS)
     # Without kinds (the old signature) the openai check cannot apply.
-    service.validate(_raw(PROVIDER, {"temperature": "warm"}), providers=KINDS)
+    inputs.validate(_raw(PROVIDER, {"temperature": "warm"}), providers=KINDS)
     # A system prompt is a template whatever the provider, since the worker renders it.
     with pytest.raises(ValidationError, match=r"params\.system: unclosed tag"):
-        service.validate(_raw("echo", {"system": "{{ date"}), providers=KINDS)
+        inputs.validate(_raw("echo", {"system": "{{ date"}), providers=KINDS)
 
 
 async def test_an_update_with_bad_openai_params_is_rejected_and_changes_nothing(
     pool: asyncpg.Pool[Any],
 ) -> None:
     clock = Clock()
-    values = service.validate(_raw(PROVIDER, {"temperature": 1}), providers=KINDS)
+    values = inputs.validate(_raw(PROVIDER, {"temperature": 1}), providers=KINDS)
     async with pool.acquire() as conn:
-        created = await service.create_schedule(conn, clock, values, owner="o")
+        created = await schedule_ops.create_schedule(conn, clock, values, owner="o")
         with pytest.raises(ValidationError) as caught:
-            await service.update_schedule(
+            await schedule_ops.update_schedule(
                 conn, clock, created["id"], {"params": {"temperature": "hot"}},
                 owner="o", actor="o", providers=KINDS, provider_kinds=KINDS,
             )  # fmt: skip

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dateutil import rrule as du
 
-from promptsched import service
 from promptsched.errors import ValidationError
+from promptsched.ops import inputs
 from promptsched.schedule import expand, fire_times, limits, rrule, spec
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -240,7 +240,7 @@ def test_empty_and_non_iana_zones_are_rejected_naming_timezone(name: str) -> Non
 def test_an_empty_timezone_in_a_schedule_is_an_error_not_utc() -> None:
     raw = {"name": "n", "cron": "0 9 * * *", "prompt": "p", "timezone": ""}
     with pytest.raises(ValidationError) as info:
-        service.validate(raw, providers=("echo",))
+        inputs.validate(raw, providers=("echo",))
     assert info.value.field == "timezone"
     del raw["timezone"]
-    assert service.validate(raw, providers=("echo",)).timezone == "UTC"
+    assert inputs.validate(raw, providers=("echo",)).timezone == "UTC"

@@ -12,10 +12,12 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from promptsched import logs, service
+from promptsched import errors, logs
 from promptsched.clock import FrozenClock
 from promptsched.config import SchedulerSettings
 from promptsched.metrics import Metrics
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from promptsched.roles.scheduler import Scheduler
 from promptsched.schedule import jitter, overlap, policies
 from promptsched.schedule.spec import Spec
@@ -33,8 +35,8 @@ def _scheduler(
 
 
 async def _create(pool: asyncpg.Pool[Any], clock: FrozenClock, **raw: Any) -> int:
-    values = service.validate({"name": "s", "prompt": "p", **raw}, providers=["echo"])
-    row = await service.create_schedule(pool, clock, values, owner="alice")
+    values = inputs.validate({"name": "s", "prompt": "p", **raw}, providers=["echo"])
+    row = await schedule_ops.create_schedule(pool, clock, values, owner="alice")
     return int(row["id"])
 
 
@@ -243,12 +245,12 @@ async def test_pause_stops_ticks_and_resume_applies_the_misfire_policy(
     sid = await _create(pool, clock, cron="* * * * *", misfire="skip", misfire_grace="0s")
     scheduler = _scheduler(pool, clock)
     async with pool.acquire() as conn:
-        await service.pause_schedule(conn, sid, owner="alice", actor="alice")
+        await schedule_ops.pause_schedule(conn, sid, owner="alice", actor="alice")
     clock.set(T0 + timedelta(minutes=5, seconds=30))
     assert (await scheduler.run_once()).schedules == 0
     assert await _runs(pool, sid) == []
     async with pool.acquire() as conn:
-        await service.resume_schedule(conn, sid, owner="alice", actor="alice")
+        await schedule_ops.resume_schedule(conn, sid, owner="alice", actor="alice")
     await scheduler.run_once()
     assert await _runs(pool, sid) == [("09:05:00", "skipped", "misfire", 5)]
     actions = await pool.fetch(
@@ -262,7 +264,7 @@ async def test_pause_until_resumes_by_itself(pool: asyncpg.Pool[Any]) -> None:
     sid = await _create(pool, clock, cron="* * * * *", misfire="run_once", misfire_grace="0s")
     scheduler = _scheduler(pool, clock)
     async with pool.acquire() as conn:
-        await service.pause_schedule(
+        await schedule_ops.pause_schedule(
             conn, sid, owner=None, actor="ops", until=T0 + timedelta(minutes=3)
         )
     clock.set(T0 + timedelta(minutes=2, seconds=30))
@@ -281,7 +283,7 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
     await scheduler.run_once()  # 09:00 enqueued; cursor 09:10
     clock.set(T0 + timedelta(minutes=4))
     async with pool.acquire() as conn:
-        row = await service.update_schedule(
+        row = await schedule_ops.update_schedule(
             conn,
             clock,
             sid,
@@ -297,8 +299,8 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
     await scheduler.run_once()
     assert [r[0] for r in await _runs(pool, sid)] == ["09:00:00", "09:05:00", "09:10:00"]
     async with pool.acquire() as conn:
-        with pytest.raises(service.VersionConflict):
-            await service.update_schedule(
+        with pytest.raises(errors.VersionConflict):
+            await schedule_ops.update_schedule(
                 conn,
                 clock,
                 sid,
@@ -308,8 +310,8 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
                 providers=["echo"],
                 expected_version=1,
             )
-        with pytest.raises(service.NotFound):
-            await service.update_schedule(
+        with pytest.raises(errors.NotFound):
+            await schedule_ops.update_schedule(
                 conn,
                 clock,
                 sid,
@@ -330,16 +332,16 @@ async def test_trigger_and_backfill_never_collide_with_cadence_slots(
     clock.set(T0)
     await _scheduler(pool, clock).run_once()  # cadence 09:00
     async with pool.acquire() as conn:
-        manual = await service.trigger_schedule(conn, clock, sid, owner="alice", actor="alice")
+        manual = await schedule_ops.trigger_schedule(conn, clock, sid, owner="alice", actor="alice")
         assert manual["origin"] == "manual" and manual["slot"] == T0
-        created = await service.backfill_schedule(
+        created = await schedule_ops.backfill_schedule(
             conn, clock, sid, T0 - timedelta(hours=3), T0, owner="alice", actor="alice"
         )
-        again = await service.backfill_schedule(
+        again = await schedule_ops.backfill_schedule(
             conn, clock, sid, T0 - timedelta(hours=3), T0, owner="alice", actor="alice"
         )
-        with pytest.raises(service.ValidationError, match="past only"):
-            await service.backfill_schedule(
+        with pytest.raises(errors.ValidationError, match="past only"):
+            await schedule_ops.backfill_schedule(
                 conn, clock, sid, T0, T0 + timedelta(hours=1), owner="alice", actor="alice"
             )
     # 06:00, 07:00, 08:00 backfilled; 09:00 already had its cadence run.
@@ -597,7 +599,7 @@ async def test_an_edit_waits_for_the_batch_that_holds_the_schedule(
     async def edit() -> None:
         async with pool.acquire() as conn:
             edited.append(
-                await service.update_schedule(
+                await schedule_ops.update_schedule(
                     conn,
                     clock,
                     sid,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from anyio.abc import TaskStatus
 
-from promptsched import netguard, service
-from promptsched.api import openapi, protocol, validate
+from promptsched import netguard
+from promptsched.api import openapi, protocol
 from promptsched.api.handlers import (
     controls,
     events,
@@ -27,13 +27,14 @@ from promptsched.api.handlers import (
     runs,
     schedules,
 )
-from promptsched.api.http import DEPS, ApiError, Deps, Operation, endpoint
-from promptsched.api.progress import ProgressHub
+from promptsched.api.http import ApiError, Operation, endpoint
 from promptsched.clock import Clock
-from promptsched.console import routes as console
-from promptsched.errors import ValidationError
+from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.metrics import Metrics
+from promptsched.ops import validate
 from promptsched.tools.base import Catalog
+from promptsched.web.deps import DEPS, Deps
+from promptsched.web.progress import ProgressHub
 
 log = structlog.get_logger("api")
 
@@ -86,11 +87,11 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
         return _error(
             exc.status, exc.code, exc.message, request_id, field=exc.field, headers=exc.headers
         )
-    if isinstance(exc, service.NotFound):
+    if isinstance(exc, NotFound):
         return _error(404, "not_found", str(exc), request_id)
-    if isinstance(exc, service.VersionConflict):
+    if isinstance(exc, VersionConflict):
         return _error(409, "version_conflict", str(exc), request_id, field="version")
-    if isinstance(exc, service.StateConflict):
+    if isinstance(exc, StateConflict):
         return _error(409, "conflict", str(exc), request_id)
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
@@ -163,9 +164,12 @@ def build(
     tools: Callable[[], Catalog] | None = None,
     progress: ProgressHub | None = None,
     retention: timedelta | None = None,
+    mounts: Sequence[Callable[[web.Application], None]] = (),
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
-    ``progress`` is the hub the process's listener feeds (run event streams read it)."""
+    ``progress`` is the hub the process's listener feeds (run event streams read it);
+    ``mounts`` add routes outside the API's paths after the API's own (the composition root
+    mounts the operator console this way, so the API never imports it)."""
     ops = OPERATIONS
     deps = Deps(
         pool=pool,
@@ -184,7 +188,8 @@ def build(
     app[DEPS] = deps
     for op in ops:
         app.router.add_route(op.method, op.path, endpoint(op, deps))
-    console.mount(app)  # the operator console: pages under / outside the API's paths
+    for mount in mounts:
+        mount(app)
     return app
 
 

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import asyncpg
 from aiohttp import web
 
-from promptsched import netguard
-from promptsched.api import auth, schemas, validate
-from promptsched.api.progress import ProgressHub
-from promptsched.clock import Clock
 from promptsched.errors import ValidationError
-from promptsched.metrics import Metrics
-from promptsched.tools.base import Catalog
+from promptsched.ops import schemas, validate
+from promptsched.web import auth
+from promptsched.web.deps import Deps
 
 
 class ApiError(Exception):
@@ -39,29 +34,6 @@ class ApiError(Exception):
         self.message = message
         self.field = field
         self.headers = dict(headers or {})
-
-
-@dataclass(frozen=True, slots=True)
-class Deps:
-    """What handlers need, built once by ``app.build``."""
-
-    pool: asyncpg.Pool[Any]
-    clock: Clock
-    metrics: Metrics
-    ready: Callable[[], bool]
-    providers: tuple[str, ...]
-    provider_kinds: dict[str, str] = field(default_factory=dict)
-    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
-    document: dict[str, Any] = field(default_factory=dict)
-    tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
-    progress: ProgressHub = field(default_factory=ProgressHub)
-    retention: timedelta | None = None  # history retention; explain answers "purged" beyond it
-
-    def tool_catalog(self) -> Catalog | None:
-        return self.tools() if self.tools is not None else None
-
-
-DEPS: web.AppKey[Deps] = web.AppKey("deps", Deps)
 
 
 @dataclass(slots=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from promptsched.api import schemas
 from promptsched.api.http import Operation, Param, Reply
+from promptsched.ops import schemas
 
 _ERROR = "Error"
 _HEADERS = {

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import service
+from promptsched import errors
 from promptsched.cli import (
     backend,
     common,
@@ -74,13 +74,13 @@ def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> in
     try:
         config = configuration.load(overrides=overrides)
         return int(args.func(args, config))
-    except service.VersionConflict as exc:  # worded as the API words it
+    except errors.VersionConflict as exc:  # worded as the API words it
         return _fail(f"version: {exc}", common.EXIT_OTHER)
     except ValidationError as exc:
         return _fail(f"{exc.field}: {exc.message}", common.EXIT_BAD_INPUT)
     except SchemaMismatch as exc:
         return _fail(str(exc), common.EXIT_SCHEMA)
-    except service.NotFound as exc:
+    except errors.NotFound as exc:
         return _fail(str(exc), common.EXIT_NOT_FOUND)
     except common.CliError as exc:
         return _fail(str(exc), exc.code)

@@ -18,12 +18,15 @@ import asyncpg
 import structlog
 
 from promptsched import config as configuration
-from promptsched import notifications, service
-from promptsched.api import explain as explaining
-from promptsched.api import validate, views
+from promptsched import errors
 from promptsched.cli import common
 from promptsched.clock import Clock
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
+from promptsched.ops import explain as explaining
+from promptsched.ops import inputs, notifications, validate, views
+from promptsched.ops import runs as run_ops
+from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import spec
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
@@ -31,7 +34,7 @@ from promptsched.tools.base import Catalog
 
 CLI_ACTOR = "cli"
 WATCH_POLL = 1.0  # seconds between status checks while watching a run directly
-ENDED = frozenset({"succeeded", "dead", "cancelled", "skipped", "deleted"})
+ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 
 
 async def _tool_catalog(config: configuration.Config, params: Any) -> Catalog | None:
@@ -76,12 +79,12 @@ class DirectBackend:
     async def _schedule_row(self, schedule_id: int) -> asyncpg.Record:
         row = await queries.schedule_get(self.conn, schedule_id, None)
         if row is None:
-            raise service.NotFound("schedule", schedule_id)
+            raise errors.NotFound("schedule", schedule_id)
         return row
 
     async def create_schedule(self, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
         kinds = self._providers()
-        values = service.validate(
+        values = inputs.validate(
             body,
             providers=list(kinds),
             provider_kinds=kinds,
@@ -89,7 +92,7 @@ class DirectBackend:
             tools=await _tool_catalog(self.config, body.get("params")),
         )
         async with self.conn.transaction():
-            row = await service.create_schedule(
+            row = await schedule_ops.create_schedule(
                 self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR
             )
         return views.schedule(row, with_next=True, reveal_secret=True)
@@ -110,7 +113,7 @@ class DirectBackend:
     ) -> dict[str, Any]:
         kinds = self._providers()
         before = await self._schedule_row(schedule_id)
-        row = await service.update_schedule(
+        row = await schedule_ops.update_schedule(
             self.conn,
             self.clock,
             schedule_id,
@@ -130,25 +133,27 @@ class DirectBackend:
         self, schedule_id: int, until: str | None, reason: str | None
     ) -> dict[str, Any]:
         when = validate.instant(until, "until") if until is not None else None
-        if when is not None and when <= await service.db_now(self.conn, self.clock):
+        if when is not None and when <= await schedule_ops.db_now(self.conn, self.clock):
             raise ValidationError("until", "must be in the future")
-        row = await service.pause_schedule(
+        row = await schedule_ops.pause_schedule(
             self.conn, schedule_id, owner=None, actor=CLI_ACTOR, until=when, reason=reason
         )
         return views.schedule(row, with_next=True)
 
     async def resume_schedule(self, schedule_id: int) -> dict[str, Any]:
-        row = await service.resume_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
+        row = await schedule_ops.resume_schedule(
+            self.conn, schedule_id, owner=None, actor=CLI_ACTOR
+        )
         return views.schedule(row, with_next=True)
 
     async def trigger_schedule(self, schedule_id: int) -> dict[str, Any]:
-        run = await service.trigger_schedule(
+        run = await schedule_ops.trigger_schedule(
             self.conn, self.clock, schedule_id, owner=None, actor=CLI_ACTOR
         )
-        return await views.load_run(self.conn, run["id"], None)
+        return await run_ops.load_run(self.conn, run["id"], None)
 
     async def backfill_schedule(self, schedule_id: int, start: str, end: str) -> dict[str, Any]:
-        runs = await service.backfill_schedule(
+        runs = await schedule_ops.backfill_schedule(
             self.conn,
             self.clock,
             schedule_id,
@@ -157,11 +162,10 @@ class DirectBackend:
             owner=None,
             actor=CLI_ACTOR,
         )
-        created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
-        return {"created": len(created), "runs": created}
+        return views.backfill(runs)
 
     async def delete_schedule(self, schedule_id: int) -> None:
-        await service.delete_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
+        await schedule_ops.delete_schedule(self.conn, schedule_id, owner=None, actor=CLI_ACTOR)
 
     async def schedule_history(self, schedule_id: int, limit: int) -> list[dict[str, Any]]:
         rows = await queries.schedule_change_page(self.conn, schedule_id, None, None, limit)
@@ -172,7 +176,7 @@ class DirectBackend:
     async def explain(self, schedule_id: int, at: str) -> dict[str, Any]:
         row = await self._schedule_row(schedule_id)
         instant = validate.instant(at, "at", zone=spec.load_zone(row["timezone"]))
-        now = await service.db_now(self.conn, self.clock)
+        now = await schedule_ops.db_now(self.conn, self.clock)
         changes = await queries.schedule_change_around(self.conn, schedule_id, instant)
         runs = await queries.run_list_for_slot(self.conn, schedule_id, instant)
         return explaining.explain(explaining.Facts(row, instant, now, changes, runs))
@@ -193,15 +197,15 @@ class DirectBackend:
         return [views.run(row) for row in rows]
 
     async def get_run(self, run_id: int) -> dict[str, Any]:
-        return await views.load_run(self.conn, run_id, None)
+        return await run_ops.load_run(self.conn, run_id, None)
 
     async def cancel_run(self, run_id: int) -> dict[str, Any]:
-        row = await service.cancel_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
-        return await views.load_run(self.conn, row["id"], None)
+        row = await run_ops.cancel_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
+        return await run_ops.load_run(self.conn, row["id"], None)
 
     async def replay_run(self, run_id: int) -> dict[str, Any]:
-        row = await service.replay_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
-        return await views.load_run(self.conn, row["id"], None)
+        row = await run_ops.replay_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
+        return await run_ops.load_run(self.conn, row["id"], None)
 
     async def watch(self, run_id: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The run's progress from the same NOTIFY channel the API's stream reads (on a
@@ -223,7 +227,7 @@ class DirectBackend:
                 await listener.add_listener(listen.CHANNEL_PROGRESS, on_notify)
                 status = await queries.run_get_status(self.conn, run_id, None)
                 if status is None:
-                    raise service.NotFound("run", run_id)
+                    raise errors.NotFound("run", run_id)
                 yield "subscribed", {}
                 while status not in ENDED:
                     event: dict[str, Any] | None = None
@@ -251,9 +255,9 @@ class DirectBackend:
                 self.conn, notification_id, None, clock=self.clock
             )
         except ValidationError as exc:  # it exists but is not dead: a conflict, as in the API
-            raise service.StateConflict(exc.message) from None
+            raise errors.StateConflict(exc.message) from None
         if data is None:
-            raise service.NotFound("notification", notification_id)
+            raise errors.NotFound("notification", notification_id)
         return data
 
     async def preview(self, query: dict[str, Any]) -> dict[str, Any]:
@@ -269,17 +273,7 @@ def preview_locally(query: dict[str, Any], clock: Clock) -> dict[str, Any]:
         if query.get("from")
         else clock.sql_now() or datetime.now(UTC)
     )
-    zone = spec.load_zone(parsed.timezone)
-    times = service.preview(parsed, start, query["count"])
-    return {
-        "kind": parsed.kind,
-        "expression": parsed.expression,
-        "timezone": parsed.timezone,
-        "fire_times": [
-            {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
-            for t in times
-        ],
-    }
+    return views.preview(parsed, schedule_ops.preview(parsed, start, query["count"]))
 
 
 class Direct(AbstractAsyncContextManager[DirectBackend]):

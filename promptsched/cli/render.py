@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
 from promptsched.schedule import fire_times, spec
 
@@ -217,7 +218,7 @@ def run_details(data: Mapping[str, Any], zone: str | None, now: datetime) -> str
 def change_words(change: Mapping[str, Any]) -> str:
     """What one history entry changed, in words."""
     changes = change.get("changes") or {}
-    if change.get("action") == "update" and isinstance(changes, Mapping):
+    if change.get("action") == ChangeAction.UPDATE and isinstance(changes, Mapping):
         parts = []
         for key, value in changes.items():
             if isinstance(value, list) and len(value) == 2:
@@ -225,7 +226,7 @@ def change_words(change: Mapping[str, Any]) -> str:
             else:
                 parts.append(f"{key}: {scalar(value)}")
         return "; ".join(parts)
-    if change.get("action") == "create":
+    if change.get("action") == ChangeAction.CREATE:
         fields = changes.get("fields") if isinstance(changes, Mapping) else None
         if isinstance(fields, Mapping):
             return f"{fields.get('kind')} {fields.get('expression')} ({fields.get('timezone')})"

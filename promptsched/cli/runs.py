@@ -8,13 +8,14 @@ import json
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched import service
-from promptsched.api import schemas
+from promptsched import errors
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, table
 from promptsched.cli.schedules import now_of
+from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
+from promptsched.ops import schemas
 
 _COLUMNS = (
     ("ID", "id", 8),
@@ -52,7 +53,7 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
 async def _zone(api: Backend, schedule_id: int) -> str:
     try:
         zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except (CliError, service.NotFound):  # its schedule was deleted: UTC
+    except (CliError, errors.NotFound):  # its schedule was deleted: UTC
         return "UTC"
     return zone
 
@@ -98,7 +99,7 @@ def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
         data = await api.cancel_run(args.id)
         if args.json:
             print(json.dumps(data))
-        elif data["status"] == "running":
+        elif data["status"] == RunStatus.RUNNING:
             print(f"asked run {args.id} to stop: its worker stops it at the next heartbeat")
         else:
             print(f"run {args.id} is {data['status']}")
@@ -137,7 +138,7 @@ def cmd_watch(args: argparse.Namespace, config: configuration.Config) -> int:
             run = await api.get_run(args.id)
             detail = run.get("error") or run.get("skip_reason") or ""
             print(f"run {args.id} {status}" + (f": {detail}" if detail else ""), flush=True)
-        return 0 if status == "succeeded" else 1
+        return 0 if status == RunStatus.SUCCEEDED else 1
 
     return backend.run(args, config, action)
 

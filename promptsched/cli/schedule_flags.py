@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from promptsched import service
 from promptsched.errors import ValidationError
+from promptsched.ops import inputs
 
 # flag dest -> API field, for the flags `add` and `edit` share
 FIELDS = {
@@ -81,7 +81,7 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     cmd.add_argument("--prompt", required=creating)
     cmd.add_argument("--provider", default="echo" if creating else None)
     cmd.add_argument("--model")
-    cmd.add_argument("--misfire", choices=service.MISFIRE_POLICIES)
+    cmd.add_argument("--misfire", choices=inputs.MISFIRE_POLICIES)
     cmd.add_argument("--misfire-cap", type=int, metavar="N", help="most runs run_all makes")
     cmd.add_argument("--misfire-grace", metavar="DUR", help="a slot this late is still on time")
     cmd.add_argument("--catchup-window", metavar="DUR", help="older slots are never run")

@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched import service
-from promptsched.api import auth
+from promptsched import errors
 from promptsched.cli import backend, render, schedule_flags
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, instant, table
 from promptsched.errors import ValidationError
+from promptsched.web import auth
 
 OWNER_HELP = (
     "direct mode only: the owner the new schedule belongs to (default: 'default'); "
@@ -198,7 +198,7 @@ async def _zone(api: Backend, schedule_id: int) -> str:
     """The schedule's zone, UTC once it is deleted (its history outlives it)."""
     try:
         zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except (CliError, service.NotFound):
+    except (CliError, errors.NotFound):
         return "UTC"
     return zone
 

@@ -10,10 +10,11 @@ from typing import Any
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import service
-from promptsched.api import auth
+from promptsched import errors
 from promptsched.cli.common import db_command, table
+from promptsched.ops import views
 from promptsched.store import queries
+from promptsched.web import auth
 
 _COLUMNS = (
     ("ID", "id", 6),
@@ -27,7 +28,7 @@ _COLUMNS = (
 
 
 def _json(row: asyncpg.Record) -> dict[str, Any]:
-    return service.run_json(row)  # ISO instants, plain values
+    return views.run_json(row)  # ISO instants, plain values
 
 
 def cmd_create(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -68,7 +69,7 @@ def cmd_revoke(args: argparse.Namespace, config: configuration.Config) -> int:
     async def main(conn: asyncpg.Connection[Any]) -> int:
         row = await queries.token_revoke(conn, args.id, None)
         if row is None:
-            raise service.NotFound("live token", args.id)
+            raise errors.NotFound("live token", args.id)
         print(json.dumps(_json(row)) if args.json else f"revoked token {args.id}")
         return 0
 

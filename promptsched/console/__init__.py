@@ -1,2 +1,3 @@
-"""The operator console: server-rendered pages under ``/`` over the same service calls,
-owner scoping and tokens as the HTTP API (``routes.mount`` adds it to the API's app)."""
+"""The operator console: server-rendered pages under ``/`` over the same operations
+(``promptsched.ops``), owner scoping and tokens (``promptsched.web``) as the HTTP API; the
+supervisor adds it to the app with ``routes.mount``."""

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import notifications, service
-from promptsched.api import validate
+from promptsched import errors
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
+from promptsched.ops import notifications, validate
+from promptsched.ops import runs as run_ops
+from promptsched.ops import schedules as schedule_ops
 from promptsched.store import queries
 
 MAX_REASON = 500
@@ -61,7 +63,7 @@ async def pause(ctx: Ctx) -> web.StreamResponse:
             "Yes, pause", f"/schedules/{sid}", {"until": raw_until, "reason": reason or ""},
         )  # fmt: skip
     async with ctx.deps.pool.acquire() as conn:
-        await service.pause_schedule(
+        await schedule_ops.pause_schedule(
             conn, sid, owner=ctx.scope, actor=ctx.who.actor, until=until, reason=reason
         )
     return redirect(f"/schedules/{sid}?done=paused")
@@ -76,7 +78,7 @@ async def resume(ctx: Ctx) -> web.StreamResponse:
             "Yes, resume", f"/schedules/{sid}",
         )  # fmt: skip
     async with ctx.deps.pool.acquire() as conn:
-        await service.resume_schedule(conn, sid, owner=ctx.scope, actor=ctx.who.actor)
+        await schedule_ops.resume_schedule(conn, sid, owner=ctx.scope, actor=ctx.who.actor)
     return redirect(f"/schedules/{sid}?done=resumed")
 
 
@@ -88,7 +90,7 @@ async def trigger(ctx: Ctx) -> web.StreamResponse:
             f"/schedules/{sid}",
         )  # fmt: skip
     async with ctx.deps.pool.acquire() as conn:
-        await service.trigger_schedule(
+        await schedule_ops.trigger_schedule(
             conn, ctx.deps.clock, sid, owner=ctx.scope, actor=ctx.who.actor
         )
     return redirect(f"/schedules/{sid}?done=triggered")
@@ -109,7 +111,7 @@ async def cancel(ctx: Ctx) -> web.StreamResponse:
             "Yes, cancel it", f"/runs/{rid}",
         )  # fmt: skip
     async with ctx.deps.pool.acquire() as conn:
-        await service.cancel_run(conn, ctx.deps.clock, rid, owner=ctx.scope, actor=ctx.who.actor)
+        await run_ops.cancel_run(conn, ctx.deps.clock, rid, owner=ctx.scope, actor=ctx.who.actor)
     return redirect(f"/runs/{rid}?done=cancelled")
 
 
@@ -121,7 +123,7 @@ async def replay(ctx: Ctx) -> web.StreamResponse:
             "Yes, replay it", f"/runs/{rid}",
         )  # fmt: skip
     async with ctx.deps.pool.acquire() as conn:
-        row = await service.replay_run(
+        row = await run_ops.replay_run(
             conn, ctx.deps.clock, rid, owner=ctx.scope, actor=ctx.who.actor
         )
     return redirect(f"/runs/{row['id']}?done=replayed")
@@ -141,7 +143,7 @@ async def replay_notification(ctx: Ctx) -> web.StreamResponse:
             ctx.deps.pool, nid, ctx.scope, clock=ctx.deps.clock
         )
     except ValidationError as exc:  # it exists but is not dead
-        raise service.StateConflict(exc.message) from None
+        raise errors.StateConflict(exc.message) from None
     if replayed is None:
         raise NotFoundPage()
     return redirect("/dead?done=notification_replayed")

@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from promptsched.api import auth
-from promptsched.api.http import Deps
+from promptsched.web import auth
+from promptsched.web.deps import Deps
 
 
 class Forbidden(Exception):

@@ -1,4 +1,4 @@
-"""The create/edit form (validated by ``service.validate``, its messages shown next to the
+"""The create/edit form (validated by ``inputs.validate``, its messages shown next to the
 field they name) and the preview of the next fire times it shows: rendered by the server on
 "Preview" without the script, and fetched from ``/preview`` as you type with it."""
 
@@ -10,11 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import offload, service
-from promptsched.api import validate
+from promptsched import domain, errors, offload
 from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
+from promptsched.ops import inputs, validate, views
+from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import overlap, spec
 from promptsched.store import queries
 
@@ -25,7 +26,7 @@ DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "r
             "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": ""}  # fmt: skip
 CHOICES = {
     "kind": ("auto", *spec.KINDS),
-    "misfire": service.MISFIRE_POLICIES,
+    "misfire": inputs.MISFIRE_POLICIES,
     "overlap": overlap.POLICIES,
 }
 
@@ -38,7 +39,7 @@ def parse_expression(kind: str, expression: str, timezone: str) -> spec.Spec:
 
 
 def preview_times(parsed: spec.Spec, now: datetime) -> list[datetime]:
-    return service.preview(parsed, now, PREVIEW_COUNT)
+    return schedule_ops.preview(parsed, now, PREVIEW_COUNT)
 
 
 def _submitted(ctx: Ctx) -> dict[str, str]:
@@ -46,7 +47,7 @@ def _submitted(ctx: Ctx) -> dict[str, str]:
 
 
 def _raw(values: dict[str, str]) -> dict[str, Any]:
-    """The form as the input ``service.validate`` (and ``update_schedule``) take."""
+    """The form as the input ``inputs.validate`` (and ``update_schedule``) take."""
     validate.check_storable(values)
     parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
     raw: dict[str, Any] = {
@@ -78,7 +79,7 @@ def _params(text: str) -> dict[str, Any]:
 
 
 def _row_values(row: Any) -> dict[str, str]:
-    data = service.schedule_json(row)
+    data = views.schedule_json(row)
     values = {key: str(data.get(key) or "") for key in FIELDS}
     values.update(kind=row["kind"], max_attempts=str(row["max_attempts"]))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
@@ -117,9 +118,9 @@ async def new_form(ctx: Ctx) -> web.StreamResponse:
     return _render(ctx, values)
 
 
-def _validate(ctx: Ctx, raw: dict[str, Any]) -> service.ScheduleInput:
+def _validate(ctx: Ctx, raw: dict[str, Any]) -> domain.ScheduleInput:
     deps = ctx.deps
-    return service.validate(
+    return inputs.validate(
         raw, providers=deps.providers, provider_kinds=deps.provider_kinds,
         webhook_allow=deps.webhook_allow,
     )  # fmt: skip
@@ -132,7 +133,7 @@ async def create(ctx: Ctx) -> web.StreamResponse:
     try:
         checked = _validate(ctx, _raw(values))
         async with ctx.deps.pool.acquire() as conn, conn.transaction():
-            row = await service.create_schedule(
+            row = await schedule_ops.create_schedule(
                 conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor
             )
     except ValidationError as exc:
@@ -161,14 +162,14 @@ async def save(ctx: Ctx) -> web.StreamResponse:
     try:
         patch = _raw(values)
         async with deps.pool.acquire() as conn:
-            await service.update_schedule(
+            await schedule_ops.update_schedule(
                 conn, deps.clock, sid, patch, owner=ctx.scope, actor=ctx.who.actor,
                 providers=deps.providers, provider_kinds=deps.provider_kinds,
                 webhook_allow=deps.webhook_allow, expected_version=version,
             )  # fmt: skip
     except ValidationError as exc:
         return _render(ctx, values, sid=sid, version=version, error=exc, status=422)
-    except service.VersionConflict as exc:
+    except errors.VersionConflict as exc:
         notice = f"{exc}: reload the page to edit the current version."
         return _render(ctx, values, sid=sid, version=version, notice=notice, status=409)
     return redirect(f"/schedules/{sid}?done=saved")

@@ -11,12 +11,13 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from promptsched import service
-from promptsched.api import auth
-from promptsched.api.http import DEPS
+from promptsched import errors
 from promptsched.console import actions, forms, layout, runs, schedules, session
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
+from promptsched.ops import schedules as schedule_ops
+from promptsched.web import auth
+from promptsched.web.deps import DEPS
 
 log = structlog.get_logger("console")
 
@@ -57,9 +58,9 @@ def _failure(exc: Exception, ctx: Ctx | None, request: web.Request) -> web.Respo
             "The form was stale or did not come from this console (its CSRF token did not "
             "match). Nothing was changed. Reload the page and try again.",
         )  # fmt: skip
-    if isinstance(exc, NotFoundPage | service.NotFound):
+    if isinstance(exc, NotFoundPage | errors.NotFound):
         return layout.not_found(ctx)
-    if isinstance(exc, service.StateConflict | service.VersionConflict):
+    if isinstance(exc, errors.StateConflict | errors.VersionConflict):
         return layout.message_page(ctx, 409, "Not possible now", str(exc), back=request.path)
     if isinstance(exc, ValidationError):
         return layout.message_page(ctx, 422, "Invalid input", str(exc), back=request.path)
@@ -85,7 +86,7 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
             if post:
                 form = await request.post()
                 session.check_csrf(token, form.get(layout.CSRF_FIELD))
-            now = await service.db_now(deps.pool, deps.clock)
+            now = await schedule_ops.db_now(deps.pool, deps.clock)
             ctx = Ctx(request, deps, who, session.csrf_token(token), now, form)
             return await handler(ctx)
         except web.HTTPException:

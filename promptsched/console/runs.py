@@ -11,10 +11,11 @@ from zoneinfo import ZoneInfo
 import asyncpg
 from aiohttp import web
 
-from promptsched import notifications
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
+from promptsched.domain import RunStatus
+from promptsched.ops import notifications
 from promptsched.store import queries
 
 DEAD_PAGE = 25
@@ -59,7 +60,7 @@ def _notes(row: asyncpg.Record) -> str:
         notes.append(f"stands for {row['missed_slots']} missed slot(s) (coalesced)")
     if row["replay_of"]:
         notes.append(f"replay of run {row['replay_of']}")
-    if row["error"] and row["status"] != "skipped":
+    if row["error"] and row["status"] != RunStatus.SKIPPED:
         error = row["error"]
         notes.append(error if len(error) <= 100 else error[:99] + "…")
     return "; ".join(notes)
@@ -86,12 +87,12 @@ def run_table(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Mark
 
 def run_actions(ctx: Ctx, rid: int, status: str, replayed_by: int | None) -> Markup:
     """Cancel for an unfinished run; replay for a dead one not replayed yet."""
-    if status in ("pending", "running"):
+    if status in (RunStatus.PENDING, RunStatus.RUNNING):
         return layout.action(
             ctx, f"/runs/{rid}/cancel", "Cancel run", cls="button danger",
             confirm=f"Cancel run {rid}? A running run stops at its next heartbeat.",
         )  # fmt: skip
-    if status == "dead" and replayed_by is None:
+    if status == RunStatus.DEAD and replayed_by is None:
         return layout.action(
             ctx, f"/runs/{rid}/replay", "Replay", cls="button primary",
             confirm=f"Replay run {rid}? A new run for the same slot is created.",
@@ -196,7 +197,7 @@ def _dead_runs(ctx: Ctx, rows: Sequence[asyncpg.Record]) -> Markup:
         if r["replayed_by"] is not None:
             action = join(["replayed as ", layout.link(f"/runs/{r['replayed_by']}", "run")])
         else:
-            action = run_actions(ctx, r["id"], "dead", None)
+            action = run_actions(ctx, r["id"], RunStatus.DEAD, None)
         table_rows.append((
             layout.link(f"/runs/{r['id']}", f"#{r['id']}"),
             layout.link(f"/schedules/{r['schedule_id']}", r["schedule_name"]),

@@ -10,12 +10,13 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from promptsched import notify_targets, offload, service
-from promptsched.api import explain, validate, views
+from promptsched import offload
 from promptsched.console import describe, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
+from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
+from promptsched.ops import explain, notify_targets, validate, views
 from promptsched.store import queries
 
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
@@ -53,7 +54,7 @@ def _json(value: Any) -> str:
 
 
 def settings(ctx: Ctx, row: asyncpg.Record) -> Markup:
-    data = service.schedule_json(row)
+    data = views.schedule_json(row)
     where = timefmt.zone(row["timezone"])
     words = describe.describe(row["kind"], row["expression"])
     items: list[tuple[str, object]] = [
@@ -124,15 +125,15 @@ def _value(value: Any) -> str:
 def change_summary(change: dict[str, Any]) -> Markup:
     changes = change["changes"] or {}
     action = change["action"]
-    if action == "update":
+    if action == ChangeAction.UPDATE:
         lines = [f"{key}: {_value(pair[0])} → {_value(pair[1])}" for key, pair in changes.items()
                  if isinstance(pair, list) and len(pair) == 2]  # fmt: skip
         return join(lines, Markup("<br>"))
-    if action == "create":
+    if action == ChangeAction.CREATE:
         fields = changes.get("fields") or {}
         zone = fields.get("timezone")
         return join(["created: ", code(fields.get("expression", "")), f" in {zone}"])
-    if action == "trigger" and isinstance(changes.get("run_id"), int):
+    if action == ChangeAction.TRIGGER and isinstance(changes.get("run_id"), int):
         return join(["run ", layout.link(f"/runs/{changes['run_id']}", changes["run_id"])])
     shown = {k: v for k, v in changes.items() if v is not None}
     return join([_value(shown)]) if shown else Markup("")

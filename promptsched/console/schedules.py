@@ -8,10 +8,10 @@ from urllib.parse import urlencode
 import asyncpg
 from aiohttp import web
 
-from promptsched.api import schemas, views
 from promptsched.console import describe, layout, runs, schedule_parts, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
+from promptsched.ops import schemas, views
 from promptsched.store import queries
 
 PAGE_SIZE = 50

@@ -10,11 +10,11 @@ import secrets
 
 from aiohttp import web
 
-from promptsched.api import auth
-from promptsched.api.http import DEPS
 from promptsched.console import context, layout
 from promptsched.console.context import Ctx, Forbidden
 from promptsched.console.html import Template
+from promptsched.web import auth
+from promptsched.web.deps import DEPS
 
 SESSION_COOKIE = "promptsched_session"
 LOGIN_COOKIE = "promptsched_login"  # the login form's double-submit CSRF token

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -18,6 +18,7 @@ from promptsched.domain import (
     ReapedRun,
     RunOrigin,
     RunStatus,
+    ScheduleInput,
 )
 from promptsched.store.sqlfiles import queries as _load
 
@@ -60,8 +61,48 @@ class DB(Protocol):
 # --- schedules ------------------------------------------------------------------------------
 
 
-async def schedule_insert(db: DB, values: Sequence[Any]) -> Record:
-    row = await db.fetchrow(_Q["schedule_insert"], *values)
+# A ScheduleInput's columns in the order schedule_insert lists them and schedule_update sets
+# them ($3..), each taken from the field of the same name (SCHEDULE_FIELD_OF renames) unless
+# the caller gives it; tests/test_schedule_input.py holds both statements to these tuples.
+SCHEDULE_EDITABLE = (
+    "name", "kind", "expression", "timezone", "dst_gap", "dst_fold", "prompt", "provider",
+    "model", "params", "misfire_policy", "misfire_cap", "misfire_grace", "catchup_window",
+    "overlap_policy", "max_attempts", "timeout", "jitter",
+)  # fmt: skip
+SCHEDULE_INSERT_COLUMNS = (
+    "owner",
+    *SCHEDULE_EDITABLE,
+    "enabled",
+    "next_fire_at",
+    "pause_after_failures",
+    "notify",
+)
+SCHEDULE_UPDATE_COLUMNS = (*SCHEDULE_EDITABLE, "next_fire_at", "pause_after_failures", "notify")
+SCHEDULE_FIELD_OF = {"misfire_policy": "misfire", "overlap_policy": "overlap"}
+
+
+def _schedule_params(
+    values: ScheduleInput, columns: Sequence[str], given: Mapping[str, Any]
+) -> list[Any]:
+    """The statement's parameters for ``columns``: ``given`` first, else the input's field."""
+    params: list[Any] = []
+    for column in columns:
+        value = (
+            given[column]
+            if column in given
+            else getattr(values, SCHEDULE_FIELD_OF.get(column, column))
+        )
+        params.append(dict(value) if isinstance(value, Mapping) else value)
+    return params
+
+
+async def schedule_insert(
+    db: DB, values: ScheduleInput, *, owner: str, next_fire_at: datetime | None
+) -> Record:
+    params = _schedule_params(
+        values, SCHEDULE_INSERT_COLUMNS, {"owner": owner, "next_fire_at": next_fire_at}
+    )
+    row = await db.fetchrow(_Q["schedule_insert"], *params)
     assert row is not None
     return row
 
@@ -226,10 +267,11 @@ async def schedule_get_for_update(db: DB, schedule_id: int, owner: str | None) -
 
 
 async def schedule_update(
-    db: DB, schedule_id: int, version: int, values: Sequence[Any]
+    db: DB, schedule_id: int, version: int, values: ScheduleInput, *, next_fire_at: datetime | None
 ) -> Record | None:
     """None when the version moved on (another editor won)."""
-    return await db.fetchrow(_Q["schedule_update"], schedule_id, version, *values)
+    params = _schedule_params(values, SCHEDULE_UPDATE_COLUMNS, {"next_fire_at": next_fire_at})
+    return await db.fetchrow(_Q["schedule_update"], schedule_id, version, *params)
 
 
 async def schedule_pause(

@@ -22,8 +22,10 @@ import anyio
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from promptsched import netguard, service
+from promptsched import netguard
 from promptsched.clock import Clock
+from promptsched.ops import inputs
+from promptsched.ops import schedules as schedule_ops
 from promptsched.store import migrate
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
@@ -162,10 +164,10 @@ async def create_schedules(
     """The schedules, through the service's own validation; returns each first slot."""
     first: dict[int, datetime] = {}
     for index in range(count):
-        values = service.validate(
+        values = inputs.validate(
             schedule_input(rng, index, hook), providers=["echo"], webhook_allow=LOOPBACK
         )
-        row = await service.create_schedule(pool, Clock(), values, owner="chaos")
+        row = await schedule_ops.create_schedule(pool, Clock(), values, owner="chaos")
         first[row["id"]] = row["next_fire_at"]
     return first
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import service
-from promptsched.api import validate, views
+from promptsched import errors
 from promptsched.api.handlers.schedules import schedule_reply
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Reply, json_reply
 from promptsched.errors import ValidationError
+from promptsched.ops import runs as run_ops
+from promptsched.ops import schedules as schedule_ops
+from promptsched.ops import validate, views
 from promptsched.store import queries
 
 
@@ -17,9 +19,9 @@ async def pause(call: Call) -> web.StreamResponse:
     raw_until = call.body.get("until")
     until = validate.instant(raw_until, "until") if raw_until is not None else None
     async with call.deps.pool.acquire() as conn:
-        if until is not None and until <= await service.db_now(conn, call.deps.clock):
+        if until is not None and until <= await schedule_ops.db_now(conn, call.deps.clock):
             raise ValidationError("until", "must be in the future")
-        row = await service.pause_schedule(
+        row = await schedule_ops.pause_schedule(
             conn,
             call.params["id"],
             owner=call.scope,
@@ -32,7 +34,7 @@ async def pause(call: Call) -> web.StreamResponse:
 
 async def resume(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        row = await service.resume_schedule(
+        row = await schedule_ops.resume_schedule(
             conn, call.params["id"], owner=call.scope, actor=call.who.actor
         )
     return schedule_reply(row)
@@ -40,10 +42,10 @@ async def resume(call: Call) -> web.StreamResponse:
 
 async def trigger(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        run = await service.trigger_schedule(
+        run = await schedule_ops.trigger_schedule(
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
-        detail = await views.load_run(conn, run["id"], call.scope)
+        detail = await run_ops.load_run(conn, run["id"], call.scope)
     return json_reply(detail, status=201)
 
 
@@ -51,7 +53,7 @@ async def backfill(call: Call) -> web.StreamResponse:
     start = validate.instant(call.body["start"], "start")
     end = validate.instant(call.body["end"], "end")
     async with call.deps.pool.acquire() as conn:
-        runs = await service.backfill_schedule(
+        runs = await schedule_ops.backfill_schedule(
             conn,
             call.deps.clock,
             call.params["id"],
@@ -60,8 +62,7 @@ async def backfill(call: Call) -> web.StreamResponse:
             owner=call.scope,
             actor=call.who.actor,
         )
-    created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
-    return json_reply({"created": len(created), "runs": created}, status=201)
+    return json_reply(views.backfill(runs), status=201)
 
 
 async def history(call: Call) -> web.StreamResponse:
@@ -72,7 +73,7 @@ async def history(call: Call) -> web.StreamResponse:
         call.deps.pool, schedule_id, call.scope, int(cursor) if cursor else None, limit + 1
     )
     if not rows and await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise service.NotFound("schedule", schedule_id)
+        raise errors.NotFound("schedule", schedule_id)
     return json_reply(views.page([views.change(row) for row in rows], limit))
 
 

@@ -13,14 +13,15 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from promptsched import service
+from promptsched import errors
 from promptsched.api.http import ID_PARAM, Call, Operation, Reply
-from promptsched.api.progress import GAP, Subscription
+from promptsched.domain import RunStatus
 from promptsched.store import queries
+from promptsched.web.progress import GAP, Subscription
 
 log = structlog.get_logger("api")
 # A stream ends once its run is final (or was deleted with its schedule).
-ENDED = frozenset({"succeeded", "dead", "cancelled", "skipped", "deleted"})
+ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 RETRY_MS = 2000  # how long an EventSource waits before reconnecting
 
 
@@ -35,7 +36,7 @@ async def stream(call: Call) -> web.StreamResponse:
     with hub.subscribe(run_id) as subscription:
         status = await queries.run_get_status(deps.pool, run_id, call.scope)
         if status is None:
-            raise service.NotFound("run", run_id)
+            raise errors.NotFound("run", run_id)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

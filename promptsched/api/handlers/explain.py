@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import offload, service
-from promptsched.api import explain, validate
+from promptsched import errors, offload
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
+from promptsched.ops import explain, validate
+from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import spec
 from promptsched.store import queries
 
@@ -16,10 +17,10 @@ async def explain_slot(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
         row = await queries.schedule_get(conn, schedule_id, call.scope)
         if row is None:
-            raise service.NotFound("schedule", schedule_id)
+            raise errors.NotFound("schedule", schedule_id)
         zone = spec.load_zone(row["timezone"])
         at = validate.instant(call.params["at"], "at", zone=zone)
-        now = await service.db_now(conn, call.deps.clock)
+        now = await schedule_ops.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
         runs = await queries.run_list_for_slot(conn, schedule_id, at)
     facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)

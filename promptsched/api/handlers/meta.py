@@ -3,17 +3,18 @@ and the OpenAPI document."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import anyio
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from promptsched import offload, service
-from promptsched.api import schemas, validate
+from promptsched import offload
 from promptsched.api.http import Call, Operation, Param, Reply, json_reply
 from promptsched.errors import SchemaMismatch
+from promptsched.ops import schedules as schedule_ops
+from promptsched.ops import schemas, validate, views
 from promptsched.schedule import spec
 from promptsched.store import migrate
 
@@ -36,7 +37,7 @@ async def preview(call: Call) -> web.StreamResponse:
     start = (
         validate.instant(p["from"], "from")
         if p["from"] is not None
-        else await service.db_now(call.deps.pool, call.deps.clock)
+        else await schedule_ops.db_now(call.deps.pool, call.deps.clock)
     )
 
     def compute() -> tuple[spec.Spec, list[datetime]]:
@@ -44,21 +45,10 @@ async def preview(call: Call) -> web.StreamResponse:
             parsed = spec.parse(p["kind"], p["expression"], p["timezone"], **options)
         else:
             parsed = spec.parse_line(p["expression"], p["timezone"], **options)
-        return parsed, service.preview(parsed, start, p["count"])
+        return parsed, schedule_ops.preview(parsed, start, p["count"])
 
     parsed, times = await offload.run(compute)
-    zone = spec.load_zone(parsed.timezone)
-    return json_reply(
-        {
-            "kind": parsed.kind,
-            "expression": parsed.expression,
-            "timezone": parsed.timezone,
-            "fire_times": [
-                {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
-                for t in times
-            ],
-        }
-    )  # fmt: skip
+    return json_reply(views.preview(parsed, times))
 
 
 async def healthz(call: Call) -> web.StreamResponse:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import notifications, service
-from promptsched.api import views
+from promptsched import errors
 from promptsched.api.http import (
     CURSOR,
     ID_PARAM,
@@ -17,6 +16,7 @@ from promptsched.api.http import (
     json_reply,
 )
 from promptsched.errors import ValidationError
+from promptsched.ops import notifications, views
 
 
 async def list_dead(call: Call) -> web.StreamResponse:
@@ -37,7 +37,7 @@ async def replay(call: Call) -> web.StreamResponse:
     except ValidationError as exc:  # it exists but is not dead
         raise ApiError(409, "conflict", exc.message) from None
     if replayed is None:
-        raise service.NotFound("notification", notification_id)
+        raise errors.NotFound("notification", notification_id)
     return json_reply(replayed)
 
 

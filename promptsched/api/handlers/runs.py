@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import service
-from promptsched.api import schemas, views
+from promptsched import errors
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param, Reply, json_reply
+from promptsched.domain import RunStatus
+from promptsched.ops import runs as run_ops
+from promptsched.ops import schemas, views
 from promptsched.store import queries
 
 STATUS = Param("status", "query", {"type": "string", "enum": list(schemas.RUN_STATUSES)})
@@ -34,29 +36,29 @@ async def list_(call: Call) -> web.StreamResponse:
 async def list_for_schedule(call: Call) -> web.StreamResponse:
     schedule_id = call.params["id"]
     if await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise service.NotFound("schedule", schedule_id)
+        raise errors.NotFound("schedule", schedule_id)
     return await _page(call, schedule_id)
 
 
 async def get(call: Call) -> web.StreamResponse:
-    return json_reply(await views.load_run(call.deps.pool, call.params["id"], call.scope))
+    return json_reply(await run_ops.load_run(call.deps.pool, call.params["id"], call.scope))
 
 
 async def cancel(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        row = await service.cancel_run(
+        row = await run_ops.cancel_run(
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
-        detail = await views.load_run(conn, row["id"], call.scope)
-    return json_reply(detail, status=202 if detail["status"] == "running" else 200)
+        detail = await run_ops.load_run(conn, row["id"], call.scope)
+    return json_reply(detail, status=202 if detail["status"] == RunStatus.RUNNING else 200)
 
 
 async def replay(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        row = await service.replay_run(
+        row = await run_ops.replay_run(
             conn, call.deps.clock, call.params["id"], owner=call.scope, actor=call.who.actor
         )
-        detail = await views.load_run(conn, row["id"], call.scope)
+        detail = await run_ops.load_run(conn, row["id"], call.scope)
     return json_reply(detail, status=201)
 
 

@@ -7,8 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import offload, service
-from promptsched.api import views
+from promptsched import errors, offload
 from promptsched.api.http import (
     CURSOR,
     ID_PARAM,
@@ -21,6 +20,8 @@ from promptsched.api.http import (
     json_reply,
 )
 from promptsched.errors import ValidationError
+from promptsched.ops import inputs, views
+from promptsched.ops import schedules as schedule_ops
 from promptsched.store import queries
 
 
@@ -43,7 +44,7 @@ async def create(call: Call) -> web.StreamResponse:
     deps = call.deps
     tools = deps.tool_catalog()
     values = await offload.run(
-        lambda: service.validate(
+        lambda: inputs.validate(
             call.body,
             providers=deps.providers,
             provider_kinds=deps.provider_kinds,
@@ -52,7 +53,7 @@ async def create(call: Call) -> web.StreamResponse:
         )
     )
     async with deps.pool.acquire() as conn, conn.transaction():
-        row = await service.create_schedule(
+        row = await schedule_ops.create_schedule(
             conn, deps.clock, values, owner=call.who.owner, actor=call.who.actor
         )
     return await schedule_reply_off_loop(
@@ -81,7 +82,7 @@ async def list_(call: Call) -> web.StreamResponse:
 async def get(call: Call) -> web.StreamResponse:
     row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
     if row is None:
-        raise service.NotFound("schedule", call.params["id"])
+        raise errors.NotFound("schedule", call.params["id"])
     return await schedule_reply_off_loop(row)
 
 
@@ -106,7 +107,7 @@ async def patch(call: Call) -> web.StreamResponse:
     try:
         async with deps.pool.acquire() as conn:
             before = await queries.schedule_get(conn, call.params["id"], call.scope)
-            row = await service.update_schedule(
+            row = await schedule_ops.update_schedule(
                 conn,
                 deps.clock,
                 call.params["id"],
@@ -119,7 +120,7 @@ async def patch(call: Call) -> web.StreamResponse:
                 expected_version=expected,
                 tools=deps.tool_catalog(),
             )
-    except service.VersionConflict as exc:
+    except errors.VersionConflict as exc:
         if header_version is not None:
             raise ApiError(412, "precondition_failed", str(exc)) from None
         raise
@@ -130,7 +131,7 @@ async def patch(call: Call) -> web.StreamResponse:
 
 async def delete(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
-        await service.delete_schedule(
+        await schedule_ops.delete_schedule(
             conn, call.params["id"], owner=call.scope, actor=call.who.actor
         )
     return web.Response(status=204)
@@ -152,7 +153,7 @@ OPERATIONS = (
         {"200": Reply("one page of schedules, in id order", "SchedulePage")},
         params=(
             Param("enabled", "query", {"type": "boolean"}, description="only (not) paused"),
-            Param("name", "query", {"type": "string", "maxLength": service.MAX_NAME},
+            Param("name", "query", {"type": "string", "maxLength": inputs.MAX_NAME},
                   description="a case-insensitive substring of the name"),
             Param("owner", "query", {"type": "string", "maxLength": 100},
                   description="only this owner's (an admin token sees every owner's; any "

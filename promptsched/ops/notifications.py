@@ -3,26 +3,16 @@ run's notifications, and replay a dead one (it is owed again, as the same messag
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-import asyncpg
 import structlog
 
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
+from promptsched.ops import views
 from promptsched.store import queries
 
 log = structlog.get_logger("notifications")
-
-
-def notification_json(row: asyncpg.Record) -> dict[str, Any]:
-    """A notification as the API shows it (targets never carry the webhook secret)."""
-    return {
-        key: row[key].isoformat() if isinstance(row[key], datetime) else row[key]
-        for key in row.keys()
-        if key != "woken"
-    }
 
 
 async def list_dead_notifications(
@@ -33,14 +23,16 @@ async def list_dead_notifications(
     if not 1 <= limit <= 1000:
         raise ValidationError("limit", f"must be between 1 and 1000, got {limit}")
     rows = await queries.outbox_list_dead(db, owner, before_id, limit)
-    return [notification_json(row) for row in rows]
+    return [views.notification_json(row) for row in rows]
 
 
 async def list_run_notifications(
     db: queries.DB, run_id: int, owner: str | None
 ) -> list[dict[str, Any]]:
     """Every notification a run owes or owed, with its delivery status."""
-    return [notification_json(row) for row in await queries.outbox_list_for_run(db, run_id, owner)]
+    return [
+        views.notification_json(row) for row in await queries.outbox_list_for_run(db, run_id, owner)
+    ]
 
 
 async def replay_notification(
@@ -68,4 +60,4 @@ async def replay_notification(
         run_id=row["run_id"],
         channel=row["channel"],
     )
-    return notification_json(row)
+    return views.notification_json(row)

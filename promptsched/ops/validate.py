@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from promptsched.api import schemas
 from promptsched.errors import ValidationError
+from promptsched.ops import schemas
 
 MAX_DEPTH = 32
 MAX_DIGITS = 100  # digits of an integer anywhere in a body (an id needs 19)

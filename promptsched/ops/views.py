@@ -1,21 +1,56 @@
-"""Rows as the API shows them: exactly the fields the schemas document, secrets hidden."""
+"""The one rendering of rows to JSON, for the API, the CLI and the console: exactly the fields
+the schemas document, secrets hidden."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
-from promptsched import notifications, service
-from promptsched.api import schemas
+from promptsched.durations import format_duration
 from promptsched.errors import ValidationError
-from promptsched.schedule import spec
-from promptsched.store import queries
+from promptsched.ops import notify_targets, schemas
+from promptsched.schedule import fire_times, spec
 
 NEXT_FIRE_TIMES = 5
 _US = timedelta(microseconds=1)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    return value
+
+
+def schedule_json(row: asyncpg.Record, *, reveal_secret: bool = False) -> dict[str, Any]:
+    """A schedule for API responses and the change history. The webhook secret is never in
+    it, except once, when it was just created or changed (``reveal_secret``)."""
+    data = {key: _json_value(row[key]) for key in row.keys()}
+    data["misfire"] = data.pop("misfire_policy", None)
+    data["overlap"] = data.pop("overlap_policy", None)
+    if "notify" in data:
+        data["notify"] = notify_targets.public(row["notify"] or {}, reveal_secret=reveal_secret)
+    return data
+
+
+def run_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        key: _json_value(row[key]) if key != "attempt_id" else str(row[key] or "") or None
+        for key in row.keys()
+    }
+
+
+def notification_json(row: asyncpg.Record) -> dict[str, Any]:
+    """A notification as the API shows it (targets never carry the webhook secret)."""
+    return {
+        key: row[key].isoformat() if isinstance(row[key], datetime) else row[key]
+        for key in row.keys()
+        if key != "woken"
+    }
 
 
 def schedule_spec(row: asyncpg.Record) -> spec.Spec:
@@ -32,7 +67,7 @@ def next_fire_times(row: asyncpg.Record, count: int = NEXT_FIRE_TIMES) -> list[d
     if cursor is None:
         return []
     try:
-        return service.preview(schedule_spec(row), cursor - _US, count)
+        return fire_times.preview(schedule_spec(row), cursor - _US, count)
     except ValidationError:
         return []
 
@@ -46,7 +81,7 @@ def webhook_secret(row: asyncpg.Record) -> str | None:
 def schedule(
     row: asyncpg.Record, *, with_next: bool = False, reveal_secret: bool = False
 ) -> dict[str, Any]:
-    data = service.schedule_json(row, reveal_secret=reveal_secret)  # the secret hidden
+    data = schedule_json(row, reveal_secret=reveal_secret)  # the secret hidden
     out = {key: data.get(key) for key in schemas.SCHEDULE_OUT_FIELDS}
     if out["params"] is None:
         out["params"] = {}
@@ -62,12 +97,12 @@ def etag(row: asyncpg.Record) -> str:
 
 
 def run(row: asyncpg.Record) -> dict[str, Any]:
-    data = service.run_json(row)
+    data = run_json(row)
     return {key: data.get(key) for key in schemas.RUN_FIELDS}
 
 
 def attempt(row: asyncpg.Record) -> dict[str, Any]:
-    data = service.run_json(row)
+    data = run_json(row)
     return {key: data.get(key) for key in schemas.COMPONENTS["Attempt"]["properties"]}
 
 
@@ -77,24 +112,13 @@ def run_detail(
     replay: asyncpg.Record | None,
     sent: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    data = service.run_json(row)
+    data = run_json(row)
     out = {key: data.get(key) for key in schemas.RUN_DETAIL_FIELDS}
     out["cancel_requested"] = bool(out["cancel_requested"])
     out["replayed_by"] = replay["id"] if replay is not None else None
     out["attempt_history"] = [attempt(a) for a in attempts]
     out["notifications"] = sent
     return out
-
-
-async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, Any]:
-    """One run with its attempts, replay and notifications; NotFound unless it is the owner's."""
-    row = await queries.run_get(db, run_id, owner)
-    if row is None:
-        raise service.NotFound("run", run_id)
-    attempts = await queries.run_attempts_list(db, run_id)
-    replay = await queries.run_get_replay(db, run_id)
-    sent = await notifications.list_run_notifications(db, run_id, owner)
-    return run_detail(row, attempts, replay, sent)
 
 
 def _redact(value: Any) -> Any:
@@ -122,3 +146,23 @@ def page(items: list[dict[str, Any]], limit: int, key: str = "id") -> dict[str, 
     more = len(items) > limit
     items = items[:limit]
     return {"items": items, "next_cursor": str(items[-1][key]) if more and items else None}
+
+
+def backfill(runs: Sequence[asyncpg.Record]) -> dict[str, Any]:
+    """What a backfill created: how many runs, and each one's id and slot."""
+    created = [{"id": run["id"], "slot": run["slot"].isoformat()} for run in runs]
+    return {"created": len(created), "runs": created}
+
+
+def preview(parsed: spec.Spec, times: Sequence[datetime]) -> dict[str, Any]:
+    """A preview of fire times, each in UTC and in the schedule's zone."""
+    zone = spec.load_zone(parsed.timezone)
+    return {
+        "kind": parsed.kind,
+        "expression": parsed.expression,
+        "timezone": parsed.timezone,
+        "fire_times": [
+            {"utc": t.astimezone(UTC).isoformat(), "local": t.astimezone(zone).isoformat()}
+            for t in times
+        ],
+    }

@@ -11,8 +11,9 @@ from typing import Any
 import asyncpg
 
 from promptsched import durations
-from promptsched.api import views
+from promptsched.domain import ChangeAction, RunOrigin, RunStatus
 from promptsched.errors import ValidationError
+from promptsched.ops import views
 from promptsched.schedule import fire_times, spec
 
 TIMING = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
@@ -20,12 +21,12 @@ LOOKBACK = timedelta(days=5 * 366)
 _US = timedelta(microseconds=1)
 _FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
 _RUN_VERDICTS = {
-    "succeeded": "ran",
-    "dead": "failed",
-    "cancelled": "cancelled",
-    "skipped": "skipped",
-    "pending": "in_progress",
-    "running": "in_progress",
+    RunStatus.SUCCEEDED: "ran",
+    RunStatus.DEAD: "failed",
+    RunStatus.CANCELLED: "cancelled",
+    RunStatus.SKIPPED: "skipped",
+    RunStatus.PENDING: "in_progress",
+    RunStatus.RUNNING: "in_progress",
 }
 _SKIP_REASONS = {
     "overlap": "an earlier run was still unfinished (overlap policy)",
@@ -67,10 +68,10 @@ def _state(changes: Sequence[Row]) -> Row | None:
 def _paused_by(state: Row | None) -> bool:
     if state is None:
         return False
-    if state["action"] == "create":
+    if state["action"] == ChangeAction.CREATE:
         fields = (state["changes"] or {}).get("fields") or {}
         return fields.get("enabled") is False
-    return state["action"] in ("pause", "auto_pause")
+    return state["action"] in (ChangeAction.PAUSE, ChangeAction.AUTO_PAUSE)
 
 
 def _local(s: spec.Spec, t: datetime) -> str:
@@ -83,7 +84,7 @@ def _local(s: spec.Spec, t: datetime) -> str:
 def _describe_run(run: Row) -> str:
     status = run["status"]
     text = f"run {run['id']} ({run['origin']}) for this slot "
-    if status == "skipped":
+    if status == RunStatus.SKIPPED:
         reason = _SKIP_REASONS.get(run["skip_reason"], run["skip_reason"])
         missed = (
             f"; it stands for {run['missed_slots']} earlier missed slots"
@@ -91,9 +92,9 @@ def _describe_run(run: Row) -> str:
             else ""
         )
         return text + f"was skipped: {reason}{missed}"
-    if status in ("pending", "running"):
+    if status in (RunStatus.PENDING, RunStatus.RUNNING):
         return text + f"is {status}"
-    detail = f": {run['error']}" if run["error"] and status != "succeeded" else ""
+    detail = f": {run['error']}" if run["error"] and status != RunStatus.SUCCEEDED else ""
     return text + f"{status} after {run['attempts']} attempt(s){detail}"
 
 
@@ -168,7 +169,7 @@ def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
 def _verdict(f: Facts, s: spec.Spec, at: datetime, fire: bool) -> tuple[str, str, Row | None]:
     at_slot = [r for r in f.runs if r["position"] == "at"]
     if at_slot:
-        main = next((r for r in at_slot if r["origin"] == "cadence"), at_slot[0])
+        main = next((r for r in at_slot if r["origin"] == RunOrigin.CADENCE), at_slot[0])
         return _RUN_VERDICTS[main["status"]], _describe_run(main), None
     if at < f.schedule["created_at"]:
         created = f.schedule["created_at"].isoformat()

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from promptsched import service
+from promptsched.domain import OutboxEvent, OutboxStatus, RunOrigin, RunStatus
+from promptsched.ops import inputs
 from promptsched.schedule import overlap
 
 MAX_PAGE = 200
 EMPTY = "Empty"  # the body of an operation that takes no fields
-RUN_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "skipped")
-ORIGINS = ("cadence", "manual", "backfill", "replay")
+RUN_STATUSES = tuple(status.value for status in RunStatus)
+ORIGINS = tuple(origin.value for origin in RunOrigin)
 
 Schema = dict[str, Any]
 
@@ -48,19 +49,19 @@ DURATION: Schema = {
 _EXPR: Schema = {"type": ["string", "null"], "maxLength": 2000}
 
 SCHEDULE_FIELDS: dict[str, Schema] = {
-    "name": {"type": "string", "minLength": 1, "maxLength": service.MAX_NAME},
-    "prompt": {"type": "string", "minLength": 1, "maxLength": service.MAX_PROMPT},
+    "name": {"type": "string", "minLength": 1, "maxLength": inputs.MAX_NAME},
+    "prompt": {"type": "string", "minLength": 1, "maxLength": inputs.MAX_PROMPT},
     "cron": {**_EXPR, "description": "5-field cron, 6-field with seconds FIRST, or @hourly"},
     "rrule": {**_EXPR, "description": "RFC 5545 RRULE, optionally with a DTSTART line"},
     "at": {**_EXPR, "description": "one-shot local ISO date-time (or with a UTC offset)"},
     "every": {**_EXPR, "description": "an interval such as 15m, optionally 'from ISO'"},
-    "kind": {"type": "string", "enum": list(service.KINDS)},
+    "kind": {"type": "string", "enum": list(inputs.KINDS)},
     "expression": {**_EXPR, "description": "with kind: the expression of that kind"},
     "timezone": {"type": ["string", "null"], "maxLength": 100, "description": "IANA zone"},
     "provider": {"type": "string", "maxLength": 100},
     "model": {"type": ["string", "null"], "maxLength": 200},
     "params": {"type": ["object", "null"], "description": "provider parameters"},
-    "misfire": {"type": "string", "enum": list(service.MISFIRE_POLICIES)},
+    "misfire": {"type": "string", "enum": list(inputs.MISFIRE_POLICIES)},
     "misfire_cap": {"type": "integer", "minimum": 1, "maximum": 10_000},
     "misfire_grace": DURATION,
     "catchup_window": DURATION,
@@ -72,14 +73,14 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
     "dst_fold": {"type": "string", "enum": ["first", "both"]},
     "pause_after_failures": {"type": ["integer", "null"], "minimum": 1, "maximum": 1000},
 }
-if "notify" in service.EDITABLE:  # the notification targets, once the service accepts them
+if "notify" in inputs.EDITABLE:  # the notification targets, once the service accepts them
     SCHEDULE_FIELDS["notify"] = {"type": ["object", "null"], "description": "email / webhook"}
 
 _SCHEDULE_OUT: dict[str, Schema] = {
     "id": ID,
     "owner": {"type": "string"},
     "name": {"type": "string"},
-    "kind": {"type": "string", "enum": list(service.KINDS)},
+    "kind": {"type": "string", "enum": list(inputs.KINDS)},
     "expression": {"type": "string"},
     "timezone": {"type": "string"},
     "dst_gap": {"type": "string"},
@@ -172,8 +173,8 @@ _NOTIFICATION: dict[str, Schema] = {
     "schedule_name": {"type": "string"},
     "channel": {"type": "string", "enum": ["email", "webhook"]},
     "target": {"type": ["array", "object"], "description": "never the webhook secret"},
-    "event": {"type": "string", "enum": ["succeeded", "dead"]},
-    "status": {"type": "string", "enum": ["pending", "sending", "sent", "dead"]},
+    "event": {"type": "string", "enum": [OutboxEvent.SUCCEEDED.value, OutboxEvent.DEAD.value]},
+    "status": {"type": "string", "enum": [status.value for status in OutboxStatus]},
     "attempts": {"type": "integer"},
     "max_attempts": {"type": ["integer", "null"]},
     "last_error": {"type": ["string", "null"]},

@@ -1,0 +1,41 @@
+"""The dependencies one aiohttp application carries, built once by the composition root and
+read by the API's handlers and the console's pages alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from promptsched import netguard
+from promptsched.clock import Clock
+from promptsched.metrics import Metrics
+from promptsched.tools.base import Catalog
+from promptsched.web.progress import ProgressHub
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """What handlers need, built once by ``app.build``."""
+
+    pool: asyncpg.Pool[Any]
+    clock: Clock
+    metrics: Metrics
+    ready: Callable[[], bool]
+    providers: tuple[str, ...]
+    provider_kinds: dict[str, str] = field(default_factory=dict)
+    webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
+    document: dict[str, Any] = field(default_factory=dict)
+    tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
+    progress: ProgressHub = field(default_factory=ProgressHub)
+    retention: timedelta | None = None  # history retention; explain answers "purged" beyond it
+
+    def tool_catalog(self) -> Catalog | None:
+        return self.tools() if self.tools is not None else None
+
+
+DEPS: web.AppKey[Deps] = web.AppKey("deps", Deps)
