@@ -140,3 +140,21 @@ async def test_a_stronger_stop_reason_replaces_a_weaker_one_never_the_reverse() 
     assert not attempt.stop_for(StopReason.RELEASED)
     assert not attempt.stop_for(StopReason.CANCEL_REQUESTED)
     assert attempt.stop is StopReason.FENCED
+
+
+async def test_a_wound_down_attempt_does_not_remove_the_runs_next_attempt() -> None:
+    """A fenced attempt that finishes after this process claimed its run again leaves the new
+    attempt in the registry (the heartbeat keeps renewing the lease it holds)."""
+    from uuid import uuid4
+
+    from promptsched.roles.worker.heartbeat import InFlight, InFlightAttempts
+
+    registry = InFlightAttempts()
+    old = InFlight(run_id=7, attempt_id=uuid4(), provider="echo", permit=None)
+    new = InFlight(run_id=7, attempt_id=uuid4(), provider="echo", permit=None)
+    registry.add(old)
+    registry.add(new)  # the run was claimed again while the old attempt wound down
+    registry.discard(old)
+    assert registry.current(new) and list(registry) == [7]
+    registry.discard(new)
+    assert len(registry) == 0

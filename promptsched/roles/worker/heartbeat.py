@@ -104,8 +104,11 @@ class InFlightAttempts(Mapping[int, InFlight]):
         self._by_run[attempt.run_id] = attempt
 
     def discard(self, attempt: InFlight) -> None:
-        """Forget the attempt in flight for ``attempt``'s run."""
-        self._by_run.pop(attempt.run_id, None)
+        """Forget ``attempt`` if it is still the one in flight for its run. A fenced attempt
+        that winds down after this process claimed the same run again must not take the new
+        attempt out of the registry (it would stop renewing a lease it holds)."""
+        if self._by_run.get(attempt.run_id) is attempt:
+            del self._by_run[attempt.run_id]
 
     def current(self, attempt: InFlight) -> bool:
         """Whether ``attempt`` is still the one in flight for its run."""
