@@ -1,4 +1,5 @@
-"""Test fixtures: one embedded Postgres per session, one template clone per test."""
+"""Test fixtures: one embedded Postgres per session, one template clone per test, and the
+loopback fakes (OpenAI-compatible server, web site, HTTP sink) that many modules share."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ import pytest
 from promptsched.store import migrate
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
+from tests import api_support
+from tests.api_support import Api
+from tests.fakes import openai_server as fake_server
+from tests.fakes import pages as site
+from tests.fakes.http_sink import HttpSink, start_http_sink
 
 TEMPLATE = "promptsched_template"
 
@@ -76,3 +82,33 @@ async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool[Any]]:
     created = await pools.create_pool(dsn, max_size=10)
     yield created
     await created.close()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
+    async with fake_server.start_fake_openai() as server:
+        yield server
+
+
+@pytest.fixture
+async def pages() -> AsyncIterator[site.Pages]:
+    async with site.start_pages() as running:
+        yield running
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[HttpSink]:
+    async with start_http_sink() as running:
+        yield running
+
+
+@pytest.fixture
+async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
+    """The API app over the per-test database (a module may override it with other options)."""
+    async with api_support.client(pool) as client:
+        yield client
+
+
+@pytest.fixture
+async def alice(api: Api) -> dict[str, str]:
+    return await api.token("alice")
