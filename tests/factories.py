@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles.heartbeat import Heartbeat
 from promptsched.roles.worker import WorkerPool
+from promptsched.store import pool as pools
 from promptsched.store import queries
 
 EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
@@ -124,3 +126,17 @@ async def ticking_schedule(pool: asyncpg.Pool[Any], *, announce: bool = True, **
     if announce:
         await queries.schedule_notify_changed(pool, sid)
     return sid
+
+
+def work_once(dsn: str) -> None:
+    """One pass of an in-process worker over the runs due now, from synchronous code (a CLI
+    test whose service, if any, only answers HTTP)."""
+
+    async def drain() -> None:
+        pool = await pools.create_pool(dsn)
+        try:
+            await worker_pool(pool, Clock()).run_once()
+        finally:
+            await pool.close()
+
+    asyncio.run(drain())
