@@ -22,6 +22,7 @@ from tests.api_support import Api
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.helpers import admin_execute
 
 TEMPLATE = "promptsched_template"
 
@@ -52,29 +53,13 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
-async def _create_db(server: EmbeddedPostgres, name: str) -> None:
-    admin = await asyncpg.connect(server.dsn())
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    finally:
-        await admin.close()
-
-
-async def _drop_db(server: EmbeddedPostgres, name: str) -> None:
-    admin = await asyncpg.connect(server.dsn())
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
 def dsn(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """A fresh, migrated database for this test."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_create_db(pg_server, name))
+    asyncio.run(admin_execute(pg_server, f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
     yield pg_server.dsn(name)
-    asyncio.run(_drop_db(pg_server, name))
+    asyncio.run(admin_execute(pg_server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture

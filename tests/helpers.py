@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import asyncpg
 import pytest
 
 from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionRequest, Executor
+from promptsched.store.embedded import EmbeddedPostgres
 
 T = TypeVar("T")
 
@@ -57,6 +59,15 @@ def assert_every_second_once(slots: Sequence[datetime]) -> None:
     first to the last (none lost)."""
     assert len(slots) == len(set(slots)), "a slot produced two runs"
     assert [(s - slots[0]).total_seconds() for s in slots] == list(range(len(slots)))
+
+
+async def admin_execute(server: EmbeddedPostgres, statement: str) -> None:
+    """Run one statement (CREATE or DROP DATABASE) on ``server``'s maintenance database."""
+    admin = await asyncpg.connect(server.dsn())
+    try:
+        await admin.execute(statement)
+    finally:
+        await admin.close()
 
 
 def run_cli(

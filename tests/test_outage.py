@@ -33,7 +33,7 @@ from promptsched.store.embedded import EmbeddedPostgres
 from tests import factories
 from tests.chaos import checker
 from tests.factories import EPOCH, attempt_statuses, run_row
-from tests.helpers import Service, wait_until
+from tests.helpers import Service, admin_execute, wait_until
 
 # Lines a process may log about failed round trips in one second of an outage.
 RETRY_LINES_PER_SECOND = 15
@@ -56,11 +56,7 @@ def own_postgres() -> Iterator[EmbeddedPostgres]:
 @pytest.fixture
 async def outage_db(own_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
     name = f"o_{uuid4().hex[:12]}"
-    admin = await asyncpg.connect(own_postgres.dsn())
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
+    await admin_execute(own_postgres, f"CREATE DATABASE {name}")
     conn = await pools.connect(own_postgres.dsn(name))
     try:
         await migrate.apply(conn)
@@ -68,11 +64,7 @@ async def outage_db(own_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
         await conn.close()
     yield own_postgres.dsn(name)
     own_postgres.ensure_running()  # a failed test may have left it stopped
-    admin = await asyncpg.connect(own_postgres.dsn())
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+    await admin_execute(own_postgres, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 async def _status(port: int, path: str, token: str | None = None) -> int:
