@@ -100,6 +100,28 @@ async def wait_for(
     return time.perf_counter() - start
 
 
+async def wait_drained(
+    conn: asyncpg.Connection[Any], timeout: float, interval: float = 0.02
+) -> float:
+    """Seconds until no run is pending or running; raises after ``timeout``."""
+
+    async def drained() -> bool:
+        return not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
+        )
+
+    return await wait_for(drained, timeout, interval=interval)
+
+
+def spread(name: str, values: Sequence[float]) -> dict[str, float]:
+    """``name``'s 50th and 99th percentiles and maximum, as ``<name>_p50/_p99/_max``."""
+    return {
+        f"{name}_p50": percentile(values, 50),
+        f"{name}_p99": percentile(values, 99),
+        f"{name}_max": max(values, default=float("nan")),
+    }
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Process, fresh_database, wait_for
+from bench.common import Process, fresh_database, wait_drained
 from promptsched.store.embedded import EmbeddedPostgres
 
 _BARE = """
@@ -60,13 +60,7 @@ async def _service(
         await asyncio.sleep(2)  # service start-up is not measured
         await _fill(conn, size, analyze)
         await conn.execute("SELECT pg_notify('promptsched_runs', 'bench')")
-
-        async def drained() -> bool:
-            return not await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
-            )
-
-        await wait_for(drained, 900, interval=0.1)
+        await wait_drained(conn, 900, interval=0.1)
         span = await conn.fetchval(
             "SELECT extract(epoch FROM max(r.finished_at) - min(a.started_at)) "
             "FROM runs r JOIN run_attempts a ON a.run_id = r.id"

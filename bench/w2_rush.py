@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Process, fresh_database, wait_for
+from bench.common import Process, fresh_database, wait_drained, wait_for
 from promptsched.store.embedded import EmbeddedPostgres
 
 
@@ -74,12 +74,7 @@ async def _rush(
 
         await wait_for(all_rows, 300)
 
-        async def all_done() -> bool:
-            return not await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
-            )
-
-        await wait_for(all_done, 600, interval=0.2)
+        await wait_drained(conn, 600, interval=0.2)
         row = await conn.fetchrow(
             "SELECT extract(epoch FROM max(r.created_at) - $1) AS fanout, "
             "extract(epoch FROM min(a.started_at) - $1) AS first_start, "

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Process, fresh_database, percentile, wait_for
+from bench.common import Process, fresh_database, spread, wait_drained
 from promptsched.store.embedded import EmbeddedPostgres
 
 
@@ -31,13 +31,7 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
         await conn.execute("SELECT pg_notify('promptsched_schedules', 'bench')")
         await asyncio.sleep(seconds)
         await conn.execute("UPDATE schedules SET next_fire_at = NULL")
-
-        async def settled() -> bool:
-            return not await conn.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
-            )
-
-        await wait_for(settled, 60)
+        await wait_drained(conn, 60)
         rows = await conn.fetch(
             "SELECT extract(epoch FROM r.created_at - r.slot) AS tick, "
             "extract(epoch FROM a.started_at - r.slot) AS start "
@@ -55,10 +49,6 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
         "seconds": seconds,
         "runs": len(rows),
         "skipped": skipped,
-        "tick_lag_ms_p50": percentile(tick, 50),
-        "tick_lag_ms_p99": percentile(tick, 99),
-        "tick_lag_ms_max": max(tick, default=float("nan")),
-        "start_lag_ms_p50": percentile(start, 50),
-        "start_lag_ms_p99": percentile(start, 99),
-        "start_lag_ms_max": max(start, default=float("nan")),
+        **spread("tick_lag_ms", tick),
+        **spread("start_lag_ms", start),
     }

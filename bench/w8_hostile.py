@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bench.common import fresh_database, percentile
+from bench.common import fresh_database, percentile, spread
 from promptsched.api import app as api_app
 from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
@@ -96,12 +96,8 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
         "clients": CLIENTS,
         "seconds": BURST_SECONDS,
         **figures,
-        "loop_lag_ms_p50": percentile(ms, 50),
-        "loop_lag_ms_p99": percentile(ms, 99),
-        "loop_lag_ms_max": max(ms, default=float("nan")),
-        "quiet_loop_lag_ms_p50": percentile(quiet_ms, 50),
-        "quiet_loop_lag_ms_p99": percentile(quiet_ms, 99),
-        "quiet_loop_lag_ms_max": max(quiet_ms, default=float("nan")),
+        **spread("loop_lag_ms", ms),
+        **spread("quiet_loop_lag_ms", quiet_ms),
     }
 
 
@@ -143,9 +139,7 @@ async def _clients(url: str, token: str, seconds: float) -> dict[str, Any]:
         "preview_ms_p50": percentile(p, 50),
         "preview_ms_max": max(p, default=float("nan")),
         "healthz_probes": len(healthz),
-        "healthz_ms_p50": percentile(h, 50),
-        "healthz_ms_p99": percentile(h, 99),
-        "healthz_ms_max": max(h, default=float("nan")),
+        **spread("healthz_ms", h),
     }
 
 

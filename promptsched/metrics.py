@@ -21,6 +21,17 @@ LEASE_LOSS_CAUSES = ("expired", "taken", "unreachable")
 FENCED_WRITE_KINDS = ("finish", "heartbeat", "transcript", "outbox_mark", "release")
 
 
+def _counter_per_value(
+    registry: CollectorRegistry, name: str, documentation: str, label: str, values: tuple[str, ...]
+) -> Counter:
+    """A ``promptsched_`` counter with one label whose every series, one per value, exists
+    from the start at 0."""
+    counter = Counter(name, documentation, [label], namespace="promptsched", registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
+
+
 class Metrics:
     """One registry per process; roles receive it in their constructor."""
 
@@ -57,40 +68,34 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=registry,
         )
-        self.claims = Counter(
+        self.claims = _counter_per_value(
+            registry,
             "claims",
             "Claim queries by result: claimed, empty, or contended (runs it wanted and could "
             "have taken were locked by another claimer, whatever it got besides)",
-            ["result"],
-            namespace=ns,
-            registry=registry,
+            "result",
+            ("claimed", "empty", "contended"),
         )
-        for result in ("claimed", "empty", "contended"):
-            self.claims.labels(result)
-        self.scheduler_batches = Counter(
+        self.scheduler_batches = _counter_per_value(
+            registry,
             "scheduler_batches",
             "Scheduler batches by result: taken, empty, or contended (due schedules it could "
             "have taken were locked by another scheduler, whatever it took besides)",
-            ["result"],
-            namespace=ns,
-            registry=registry,
+            "result",
+            ("taken", "empty", "contended"),
         )
-        for result in ("taken", "empty", "contended"):
-            self.scheduler_batches.labels(result)
         self.leases_renewed = Counter(
             "leases_renewed", "Leases renewed by heartbeats", namespace=ns, registry=registry
         )
-        self.leases_lost = Counter(
+        self.leases_lost = _counter_per_value(
+            registry,
             "leases_lost",
             "Attempts stopped because their lease was gone, by cause: expired (not renewed for "
             "a lease, then taken back), taken (taken back while the lease should have held), "
             "unreachable (heartbeats failed for a lease; stopped locally)",
-            ["cause"],
-            namespace=ns,
-            registry=registry,
+            "cause",
+            LEASE_LOSS_CAUSES,
         )
-        for cause in LEASE_LOSS_CAUSES:  # every series exists from the start, at 0
-            self.leases_lost.labels(cause)
         self.leases_reaped = Counter(
             "leases_reaped",
             "Expired leases the reaper took back, by outcome (retry, dead)",
@@ -101,16 +106,14 @@ class Metrics:
         self.leases_released = Counter(
             "leases_released", "Leases handed back on shutdown", namespace=ns, registry=registry
         )
-        self.fenced_writes = Counter(
+        self.fenced_writes = _counter_per_value(
+            registry,
             "fenced_writes",
             "Writes attempted and rejected because their attempt or claim token was no longer "
             "current, by kind (finish, heartbeat, transcript, outbox_mark, release)",
-            ["kind"],
-            namespace=ns,
-            registry=registry,
+            "kind",
+            FENCED_WRITE_KINDS,
         )
-        for kind in FENCED_WRITE_KINDS:
-            self.fenced_writes.labels(kind)
         self.run_duration = Histogram(
             "run_duration_seconds",
             "Attempt duration by provider and outcome",

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+import aiohttp
 import anyio
 from aiohttp.abc import AbstractResolver, ResolveResult
 
@@ -326,3 +327,13 @@ class GuardedResolver(AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+def guarded_session(allow: Allowlist, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    """A client session whose every connection goes to an address the guard checked: no DNS
+    cache to outlive a check, and no proxy from the environment (``trust_env`` stays off).
+    Callers check IP literals with ``check_host`` and follow no redirects."""
+    connector = aiohttp.TCPConnector(
+        resolver=GuardedResolver(allow), use_dns_cache=False, limit=100
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)

@@ -1,4 +1,5 @@
-"""Test fixtures: one embedded Postgres per session, one template clone per test."""
+"""Test fixtures: one embedded Postgres per session, one template clone per test, and the
+loopback fakes (OpenAI-compatible server, web site, HTTP sink) that many modules share."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ import pytest
 from promptsched.store import migrate
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
+from tests import api_support
+from tests.api_support import Api
+from tests.fakes import openai_server as fake_server
+from tests.fakes import pages as site
+from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.helpers import admin_execute
 
 TEMPLATE = "promptsched_template"
 
@@ -46,29 +53,13 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
-async def _create_db(server: EmbeddedPostgres, name: str) -> None:
-    admin = await asyncpg.connect(server.dsn())
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    finally:
-        await admin.close()
-
-
-async def _drop_db(server: EmbeddedPostgres, name: str) -> None:
-    admin = await asyncpg.connect(server.dsn())
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
 def dsn(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """A fresh, migrated database for this test."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_create_db(pg_server, name))
+    asyncio.run(admin_execute(pg_server, f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
     yield pg_server.dsn(name)
-    asyncio.run(_drop_db(pg_server, name))
+    asyncio.run(admin_execute(pg_server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture
@@ -76,3 +67,33 @@ async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool[Any]]:
     created = await pools.create_pool(dsn, max_size=10)
     yield created
     await created.close()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
+    async with fake_server.start_fake_openai() as server:
+        yield server
+
+
+@pytest.fixture
+async def pages() -> AsyncIterator[site.Pages]:
+    async with site.start_pages() as running:
+        yield running
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[HttpSink]:
+    async with start_http_sink() as running:
+        yield running
+
+
+@pytest.fixture
+async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
+    """The API app over the per-test database (a module may override it with other options)."""
+    async with api_support.client(pool) as client:
+        yield client
+
+
+@pytest.fixture
+async def alice(api: Api) -> dict[str, str]:
+    return await api.token("alice")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,8 @@ from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
+from promptsched.store import pool as pools
+from promptsched.store import queries
 
 EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 
@@ -88,3 +91,52 @@ def worker_pool(
         retry_base=timedelta(seconds=10),
         retry_max=timedelta(minutes=5),
     )
+
+
+async def run_row(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
+    """The run's row as it stands now."""
+    row: asyncpg.Record | None = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+    assert row is not None
+    return row
+
+
+async def attempt_rows(pool: asyncpg.Pool[Any], run_id: int) -> list[asyncpg.Record]:
+    """The run's attempts, first to last."""
+    return await pool.fetch("SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id)
+
+
+async def attempt_statuses(pool: asyncpg.Pool[Any], run_id: int) -> list[str]:
+    """The statuses of the run's attempts, first to last."""
+    return [row["status"] for row in await attempt_rows(pool, run_id)]
+
+
+async def runs_settled(pool: asyncpg.Pool[Any]) -> bool:
+    """No run is pending or running (a predicate for ``tests.helpers.wait_until``)."""
+    return not await pool.fetchval(
+        "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+    )
+
+
+async def ticking_schedule(pool: asyncpg.Pool[Any], *, announce: bool = True, **fields: Any) -> int:
+    """A per-second schedule first due at the next whole second (the database's clock),
+    announced to the running schedulers as the API does (so they wake up now) unless
+    ``announce`` is false; its id."""
+    start = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 second'")
+    sid = await schedule(pool, expression="* * * * * *", next_fire_at=start, **fields)
+    if announce:
+        await queries.schedule_notify_changed(pool, sid)
+    return sid
+
+
+def work_once(dsn: str) -> None:
+    """One pass of an in-process worker over the runs due now, from synchronous code (a CLI
+    test whose service, if any, only answers HTTP)."""
+
+    async def drain() -> None:
+        pool = await pools.create_pool(dsn)
+        try:
+            await worker_pool(pool, Clock()).run_once()
+        finally:
+            await pool.close()
+
+    asyncio.run(drain())

@@ -1,4 +1,5 @@
-"""Helpers for tests: bounded waits on conditions, and real service processes."""
+"""Helpers for tests: bounded waits on conditions, real service processes, one-off CLI
+processes, and an executor's failure."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import asyncpg
+import pytest
+
+from promptsched.errors import ExecutorError
+from promptsched.executors.base import ExecutionRequest, Executor
+from promptsched.store.embedded import EmbeddedPostgres
 
 T = TypeVar("T")
 
@@ -33,6 +41,52 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r})")
         await anyio.sleep(interval)
+
+
+async def executor_failure(
+    executor: Executor, request: ExecutionRequest, *, secret: str
+) -> ExecutorError:
+    """The error ``executor`` raises for ``request``, checked to name ``secret`` nowhere in
+    its text or its repr."""
+    with pytest.raises(ExecutorError) as caught:
+        await executor.execute(request)
+    assert secret not in str(caught.value) and secret not in repr(caught.value)
+    return caught.value
+
+
+def assert_every_second_once(slots: Sequence[datetime]) -> None:
+    """Ordered slots of a per-second schedule: none doubled, and consecutive seconds from the
+    first to the last (none lost)."""
+    assert len(slots) == len(set(slots)), "a slot produced two runs"
+    assert [(s - slots[0]).total_seconds() for s in slots] == list(range(len(slots)))
+
+
+async def admin_execute(server: EmbeddedPostgres, statement: str) -> None:
+    """Run one statement (CREATE or DROP DATABASE) on ``server``'s maintenance database."""
+    admin = await asyncpg.connect(server.dsn())
+    try:
+        await admin.execute(statement)
+    finally:
+        await admin.close()
+
+
+def run_cli(
+    *args: str, dsn: str | None = None, env: Mapping[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """One ``promptsched`` command in its own process, with no ``PROMPTSCHED_*`` variables of
+    ours but the database (when ``dsn`` is given) and ``env``; its output is captured."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+    if dsn:
+        full_env["PROMPTSCHED_DATABASE_URL"] = dsn
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "promptsched", *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 class Service:

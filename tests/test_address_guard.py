@@ -5,10 +5,6 @@ configuration, and real ``promptsched run`` processes against loopback servers."
 from __future__ import annotations
 
 import ipaddress
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +23,8 @@ from promptsched.tools.base import ToolError
 from promptsched.tools.registry import ToolRegistry
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
-from tests.fakes.http_sink import HttpSink, start_http_sink
-from tests.helpers import Service, wait_until
+from tests.fakes.http_sink import HttpSink
+from tests.helpers import Service, run_cli, wait_until
 from tests.test_delivery_webhook import _notification
 from tests.test_providers_integration import PROVIDER, provider_env
 
@@ -224,24 +220,6 @@ async def test_the_metadata_address_needs_an_exact_entry(allow: str, refused: bo
 # -- real processes ------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
-async def pages() -> AsyncIterator[site.Pages]:
-    async with site.start_pages() as running:
-        yield running
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[HttpSink]:
-    async with start_http_sink() as running:
-        yield running
-
-
 async def _agent_run(
     pool: asyncpg.Pool[Any], sink: HttpSink, allow: netguard.Allowlist
 ) -> tuple[int, int]:
@@ -321,18 +299,6 @@ async def test_a_service_reaches_loopback_only_through_the_list_of_each_use(
         assert warning["replacement"] == "PROMPTSCHED_WEBHOOK_ALLOW"
 
 
-def _cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
-    return subprocess.run(
-        [sys.executable, "-m", "promptsched", *args],
-        env={**clean, "PROMPTSCHED_DATABASE_URL": dsn, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize(
     ("variable", "value", "entry"),
     [
@@ -343,7 +309,7 @@ def _cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_run_refuses_to_start_with_a_malformed_allowlist(
     dsn: str, variable: str, value: str, entry: str
 ) -> None:
-    started = _cli(dsn, "run", **{variable: value})
+    started = run_cli("run", dsn=dsn, env={variable: value})
     assert started.returncode == 2, started.stderr
     assert f"{variable}: {entry}" in started.stderr
     assert "Traceback" not in started.stderr

@@ -26,7 +26,7 @@ from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import listen
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry
-from tests.factories import EPOCH
+from tests.factories import EPOCH, attempt_rows, run_row
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.helpers import wait_until
@@ -60,28 +60,6 @@ async def agent_workers(
         await tools.aclose()
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
-async def pages() -> AsyncIterator[site.Pages]:
-    async with site.start_pages() as running:
-        yield running
-
-
-async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
-    assert row is not None
-    return row
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id)
-
-
 def _kinds(transcript: list[dict[str, Any]]) -> list[str]:
     return [step["kind"] for step in transcript]
 
@@ -106,8 +84,8 @@ async def test_a_two_step_run_reads_a_local_page_with_http_get_then_answers(
     try:
         async with agent_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
             assert await workers.run_once() == 1
-        run = await _run(pool, rid)
-        (attempt,) = await _attempts(pool, rid)
+        run = await run_row(pool, rid)
+        (attempt,) = await attempt_rows(pool, rid)
 
         async def all_published() -> bool:
             return len(events) >= len(attempt["transcript"])
@@ -187,10 +165,10 @@ async def test_an_exceeded_budget_ends_the_run_dead_at_once(
     rid = await _agent_run(pool, params, timeout=timedelta(seconds=timeout), max_attempts=3)
     async with agent_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
         assert await workers.run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 1)  # permanent: not retried
     assert run["error"].startswith(error), run["error"]
-    (attempt,) = await _attempts(pool, rid)
+    (attempt,) = await attempt_rows(pool, rid)
     assert (attempt["status"], attempt["error"]) == ("failed", run["error"])
     assert _kinds(attempt["transcript"])[0] == "start"
 
@@ -219,12 +197,12 @@ async def test_a_failing_tool_call_is_told_to_the_model_and_the_run_goes_on(
     rid = await _agent_run(pool, {"tools": ["http_get"]})
     async with agent_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
         assert await workers.run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["output"]) == ("succeeded", "I could not look.")
     tool_message = fake.requests[1].json["messages"][-1]
     assert tool_message["role"] == "tool"
     assert tool_message["content"].startswith("error: ") and told in tool_message["content"]
-    (attempt,) = await _attempts(pool, rid)
+    (attempt,) = await attempt_rows(pool, rid)
     result = attempt["transcript"][3]
     assert (result["kind"], result["error"]) == ("tool_result", True)
     assert told in result["result"]
@@ -240,12 +218,12 @@ async def test_a_hanging_tool_call_times_out_and_the_run_goes_on(
     rid = await _agent_run(pool, {"tools": ["http_get"], "tool_timeout": "300ms"})
     async with agent_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
         assert await workers.run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["output"]) == ("succeeded", "The page did not answer.")
     assert pages.hanging == 1
     tool_message = fake.requests[1].json["messages"][-1]
     assert tool_message["content"] == "error: the tool call timed out after 300ms"
-    (attempt,) = await _attempts(pool, rid)
+    (attempt,) = await attempt_rows(pool, rid)
     result = attempt["transcript"][3]
     assert result["error"] is True and 300 <= result["ms"] < 5000
 
@@ -256,7 +234,7 @@ async def test_a_tool_no_longer_offered_fails_the_run_permanently(
     rid = await _agent_run(pool, {"tools": ["kb.search"]})  # saved when kb was configured
     async with agent_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
         assert await workers.run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 1)
     assert run["error"].startswith("agent: params.tools[0]: unknown tool 'kb.search'")
     assert fake.requests == []
@@ -288,7 +266,7 @@ async def test_the_webhook_provider_sends_one_idempotency_key_on_every_attempt(
             clock.advance(timedelta(seconds=1))
     finally:
         await registry.aclose()
-    assert (await _run(pool, rid))["status"] == "succeeded"
+    assert (await run_row(pool, rid))["status"] == "succeeded"
     keys = [request.headers["Idempotency-Key"] for request in fake.requests]
     assert keys == [f"promptsched-run-{rid}"] * 3
     assert len({request.json["attempt_id"] for request in fake.requests}) == 3

@@ -21,9 +21,10 @@ from promptsched.clock import Clock
 from promptsched.ops import inputs
 from promptsched.ops import schedules as schedule_ops
 from promptsched.web import auth
+from tests.factories import attempt_rows
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
-from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.fakes.http_sink import HttpSink
 from tests.helpers import Service, wait_until
 from tests.test_providers_integration import PROVIDER, provider_env
 
@@ -31,24 +32,6 @@ LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_AL
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is the weather at the harbour?"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
-async def pages() -> AsyncIterator[site.Pages]:
-    async with site.start_pages() as running:
-        yield running
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[HttpSink]:
-    async with start_http_sink() as running:
-        yield running
 
 
 def _env(fake: fake_server.FakeOpenAI, **extra: str) -> dict[str, str]:
@@ -75,10 +58,6 @@ async def _agent_schedule(
         row = await schedule_ops.create_schedule(conn, Clock(), values, owner=owner)
     sid: int = row["id"]
     return sid
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id)
 
 
 async def test_an_attempt_killed_mid_loop_is_retried_from_a_fresh_conversation(
@@ -127,7 +106,7 @@ async def test_an_attempt_killed_mid_loop_is_retried_from_a_fresh_conversation(
 
     output = await pool.fetchval("SELECT output FROM runs WHERE id = $1", rid)
     assert output == "Sunny; high tide at 09:12."
-    lost, won = await _attempts(pool, rid)
+    lost, won = await attempt_rows(pool, rid)
     assert (lost["status"], won["status"]) == ("lost", "succeeded")
     assert lost["worker_id"].endswith(f":{first.pid}")
     # The lost attempt's transcript is kept as far as it got.
@@ -163,6 +142,26 @@ async def _read_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[
             yield field, value.lstrip(" ")
 
 
+async def _owed_agent_run(
+    pool: asyncpg.Pool[Any], fake: fake_server.FakeOpenAI, pages: site.Pages
+) -> tuple[int, str]:
+    """alice's agent run (one page read, then an answer), owed in an hour so that clients
+    subscribe before it may start; its id and a token of alice's."""
+    fake.script(
+        fake_server.tool_calls(("http_get", {"url": pages.url("/page")})),
+        fake_server.ok("Sunny."),
+    )
+    sid = await _agent_schedule(pool, owner="alice")
+    token, _ = await auth.create_token(pool, owner="alice")
+    rid: int = await pool.fetchval(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT id, now(), 'manual', provider, max_attempts, now() + interval '1 hour' "
+        "FROM schedules WHERE id = $1 RETURNING id",
+        sid,
+    )
+    return rid, token
+
+
 async def test_an_sse_client_streams_the_progress_of_a_run_on_another_process(
     dsn: str,
     pool: asyncpg.Pool[Any],
@@ -170,20 +169,8 @@ async def test_an_sse_client_streams_the_progress_of_a_run_on_another_process(
     fake: fake_server.FakeOpenAI,
     pages: site.Pages,
 ) -> None:
-    fake.script(
-        fake_server.tool_calls(("http_get", {"url": pages.url("/page")})),
-        fake_server.ok("Sunny."),
-    )
-    sid = await _agent_schedule(pool, owner="alice")
-    token, _ = await auth.create_token(pool, owner="alice")
+    rid, token = await _owed_agent_run(pool, fake, pages)
     stranger, _ = await auth.create_token(pool, owner="mallory")
-    # A run owed in an hour: the client subscribes before it may start.
-    rid: int = await pool.fetchval(
-        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
-        "SELECT id, now(), 'manual', provider, max_attempts, now() + interval '1 hour' "
-        "FROM schedules WHERE id = $1 RETURNING id",
-        sid,
-    )
     worker = Service(dsn, tmp_path / "worker.log", env=_env(
         fake, PROMPTSCHED_ROLES="scheduler,worker,reaper,notifier"))  # fmt: skip
     api = Service(dsn, tmp_path / "api.log", env=_env(fake, PROMPTSCHED_ROLES="api"))

@@ -3,7 +3,6 @@ stays unchanged; an admin token sees and changes every owner's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +15,6 @@ from promptsched.store import queries
 from promptsched.web import auth
 from tests import api_support, factories
 from tests.api_support import DOCUMENT, SCHEDULE, Api
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
-    async with api_support.client(pool) as client:
-        yield client
 
 
 def _protected() -> list[tuple[str, str]]:

@@ -27,11 +27,6 @@ async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
         yield client
 
 
-@pytest.fixture
-async def alice(api: Api) -> dict[str, str]:
-    return await api.token("alice")
-
-
 async def _schedule(api: Api, who: dict[str, str], pool: asyncpg.Pool[Any], **fields: Any) -> int:
     """A daily 09:00 schedule that has existed since the Friday before MONDAY."""
     sid = (await api.post("/v1/schedules", who, json={**SCHEDULE, **fields})).body["id"]

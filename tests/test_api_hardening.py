@@ -37,11 +37,6 @@ async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
         yield client
 
 
-@pytest.fixture
-async def alice(api: Api) -> dict[str, str]:
-    return await api.token("alice")
-
-
 def _token(who: dict[str, str]) -> str:
     return who["Authorization"].removeprefix("Bearer ")
 

@@ -3,7 +3,6 @@ and the error middleware: unexpected errors become a logged 500 with a request i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -17,17 +16,6 @@ from promptsched.console import routes as console_routes
 from promptsched.metrics import Metrics
 from tests import api_support
 from tests.api_support import Api
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
-    async with api_support.client(pool) as client:
-        yield client
-
-
-@pytest.fixture
-async def alice(api: Api) -> dict[str, str]:
-    return await api.token("alice")
 
 
 async def test_preview_uses_the_schedulers_fire_times_and_stores_nothing(

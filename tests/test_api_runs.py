@@ -3,28 +3,15 @@ with attempts, cancel (pending at once, running cooperatively), replay, dead let
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import asyncpg
-import pytest
 
 from promptsched.clock import Clock
 from tests import api_support, factories
 from tests.api_support import SCHEDULE, Api
 from tests.helpers import wait_until
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
-    async with api_support.client(pool) as client:
-        yield client
-
-
-@pytest.fixture
-async def alice(api: Api) -> dict[str, str]:
-    return await api.token("alice")
 
 
 async def _schedule(api: Api, who: dict[str, str], **fields: Any) -> int:

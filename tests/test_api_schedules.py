@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,17 +16,6 @@ from tests import api_support
 from tests.api_support import SCHEDULE, Api
 
 T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
-    async with api_support.client(pool) as client:
-        yield client
-
-
-@pytest.fixture
-async def alice(api: Api) -> dict[str, str]:
-    return await api.token("alice")
 
 
 async def _create(api: Api, who: dict[str, str], **fields: Any) -> dict[str, Any]:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
@@ -18,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import api_support
+from tests.helpers import run_cli
 
 BASE = {"name": "fuzz", "cron": "0 9 * * *", "prompt": "Summarize {{ date }}"}
 FIELDS = (
@@ -206,19 +204,6 @@ CLI_CASES = [
 ]  # fmt: skip
 
 
-def _cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
-    env["PROMPTSCHED_DATABASE_URL"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "promptsched", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-
-
 def _stored(dsn: str) -> Any:
     async def read() -> Any:
         conn = await asyncpg.connect(dsn)
@@ -240,7 +225,7 @@ def test_the_cli_rejects_bad_arguments_with_exit_2_and_one_line_naming_the_field
     dsn: str, args: tuple[str, ...], names: str
 ) -> None:
     before = _stored(dsn)
-    result = _cli(dsn, *args)
+    result = run_cli(*args, dsn=dsn)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()

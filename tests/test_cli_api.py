@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from promptsched import cli
-from promptsched.clock import Clock
 from promptsched.store import pool as pools
 from promptsched.web import auth
 from tests import factories
@@ -31,17 +30,6 @@ def promptsched(
         return code, out, err
 
     return run
-
-
-def _work(dsn: str) -> None:
-    async def drain() -> None:
-        pool = await pools.create_pool(dsn)
-        try:
-            await factories.worker_pool(pool, Clock()).run_once()
-        finally:
-            await pool.close()
-
-    asyncio.run(drain())
 
 
 def _token_owner(dsn: str, token: str) -> Any:
@@ -107,7 +95,7 @@ def test_runs_list_show_cancel_and_replay(promptsched: Any, dsn: str) -> None:
                 "--max-attempts", "1", "--param", "fail_attempts=1")  # fmt: skip
     for sid in ("1", "2"):
         assert promptsched("schedules", "trigger", sid)[0] == 0
-    _work(dsn)
+    factories.work_once(dsn)
     promptsched("schedules", "trigger", "1")  # stays pending
 
     code, out, _ = promptsched("runs", "list", "--json")

@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
 
 from tests import factories
-
-
-def _cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
-    if dsn:
-        env["PROMPTSCHED_DATABASE_URL"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "promptsched", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.helpers import run_cli
 
 
 def test_preview_follows_the_dst_rules_in_local_and_utc_time() -> None:
-    done = _cli(
+    done = run_cli(
         "preview",
         "30 2 * * *",
         "--tz",
@@ -58,7 +42,7 @@ def test_preview_accepts_every_kind_of_expression() -> None:
         "RRULE:FREQ=MONTHLY;BYMONTHDAY=-1",
         "*/10 * * * * *",
     ):
-        done = _cli("preview", expression, "--from", "2026-01-01T00:00:00Z", "--json")
+        done = run_cli("preview", expression, "--from", "2026-01-01T00:00:00Z", "--json")
         assert done.returncode == 0, (expression, done.stderr)
         assert json.loads(done.stdout)["fire_times"], expression
 
@@ -69,7 +53,7 @@ def test_preview_rejects_bad_input_naming_the_field() -> None:
         (("* * * * *", "--tz", "Mars/Olympus"), "timezone"),
         (("* * * * *", "--count", "0"), "--count"),
     ):
-        done = _cli("preview", *args)
+        done = run_cli("preview", *args)
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"promptsched: error: {field}:"), done.stderr
         assert "Traceback" not in done.stderr
@@ -87,17 +71,17 @@ async def test_dead_notifications_are_listed_and_replayed(
         rid,
         sid,
     )
-    listed = _cli("notifications", "dead", "--json", dsn=dsn)
+    listed = run_cli("notifications", "dead", "--json", dsn=dsn)
     assert listed.returncode == 0, listed.stderr
     assert [(n["id"], n["last_error"]) for n in json.loads(listed.stdout)] == [
         (nid, "SMTP 550 refused")
     ]
-    replayed = _cli("notifications", "replay", str(nid), dsn=dsn)
+    replayed = run_cli("notifications", "replay", str(nid), dsn=dsn)
     assert replayed.returncode == 0, replayed.stderr
     assert await pool.fetchval("SELECT status FROM outbox WHERE id = $1", nid) == "pending"
-    again = _cli("notifications", "replay", str(nid), dsn=dsn)
+    again = run_cli("notifications", "replay", str(nid), dsn=dsn)
     assert again.returncode == 1 and "only dead notifications" in again.stderr  # a conflict
-    missing = _cli("notifications", "replay", "999999", dsn=dsn)
+    missing = run_cli("notifications", "replay", "999999", dsn=dsn)
     assert missing.returncode == 4, missing.stderr
 
 
@@ -115,8 +99,8 @@ async def test_every_database_command_takes_database_url(
         ("schedules", "list", "--json", "--database-url", dsn, "--data-dir", str(empty)),
         ("notifications", "dead", "--json", "--database-url", dsn, "--data-dir", str(empty)),
     ):
-        done = _cli(*args)
+        done = run_cli(*args)
         assert done.returncode == 0, (args, done.stderr)
-    runs = json.loads(_cli("runs", "list", "--json", "--database-url", dsn).stdout)
+    runs = json.loads(run_cli("runs", "list", "--json", "--database-url", dsn).stdout)
     assert [r["schedule_id"] for r in runs] == [sid]
     assert not empty.exists()

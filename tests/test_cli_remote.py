@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,6 @@ from promptsched import cli
 from promptsched.cli import completion
 from promptsched.clock import Clock, FrozenClock
 from promptsched.store import pool as pools
-from promptsched.web import auth
 from tests import factories
 from tests import test_agent_processes as agents
 from tests.fakes import openai_server as fake_server
@@ -88,19 +87,6 @@ _GROUPS = {"schedules", "runs", "notifications", "tokens"}
 def _all_commands() -> set[str]:
     return {path.removeprefix("promptsched ") for path, children, _ in
             completion.walk(cli.build_parser()) if not children}  # fmt: skip
-
-
-def _work(dsn: str) -> None:
-    """Drain what is due with an in-process worker (the service here only answers HTTP)."""
-
-    async def drain() -> None:
-        pool = await pools.create_pool(dsn)
-        try:
-            await factories.worker_pool(pool, Clock()).run_once()
-        finally:
-            await pool.close()
-
-    asyncio.run(drain())
 
 
 def _sql(dsn: str, query: str, *args: Any) -> Any:
@@ -196,7 +182,7 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
     # Runs.
     run = run_cli.json("schedules", "trigger", sid, token=alice)
     dead = run_cli.json("schedules", "trigger", fid, token=alice)
-    _work(dsn)
+    factories.work_once(dsn)
     run_cli.capsys.readouterr()  # the worker's log
     assert run_cli.both("runs", "show", str(run["id"]), token=alice)["status"] == "succeeded"
     assert run_cli.both("runs", "list", "--schedule", fid, token=alice)[0]["status"] == "dead"
@@ -299,18 +285,6 @@ def test_human_times_are_in_the_zone_relative_and_paused_schedules_have_no_next_
     assert code == 0 and out.startswith("2026-11-23 09:00 CET (1 h 20 min ago): ")
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
-async def pages() -> AsyncIterator[site.Pages]:
-    async with site.start_pages() as running:
-        yield running
-
-
 def _watcher(dsn: str, run_id: int, remote_env: dict[str, str] | None) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
     env.update(remote_env or {"PROMPTSCHED_DATABASE_URL": dsn})
@@ -331,19 +305,7 @@ async def test_runs_watch_follows_an_agent_run_live_in_both_modes(
     fake: fake_server.FakeOpenAI,
     pages: site.Pages,
 ) -> None:
-    fake.script(
-        fake_server.tool_calls(("http_get", {"url": pages.url("/page")})),
-        fake_server.ok("Sunny."),
-    )
-    sid = await agents._agent_schedule(pool, owner="alice")
-    token, _ = await auth.create_token(pool, owner="alice")
-    # A run owed in an hour: the watchers subscribe before it may start.
-    rid: int = await pool.fetchval(
-        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
-        "SELECT id, now(), 'manual', provider, max_attempts, now() + interval '1 hour' "
-        "FROM schedules WHERE id = $1 RETURNING id",
-        sid,
-    )
+    rid, token = await agents._owed_agent_run(pool, fake, pages)
     service = Service(dsn, tmp_path / "service.log", env=agents._env(fake))
     watchers: list[subprocess.Popen[str]] = []
     try:

@@ -202,15 +202,7 @@ async def test_one_process_with_buffer_one_runs_waiting_counts_no_contention(
     service = Service(dsn, tmp_path / "solo.log")
     try:
         await service.ready()
-        now = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 second'")
-        sid = await factories.schedule(
-            pool,
-            expression="* * * * * *",
-            params={"latency": "2s"},
-            overlap="buffer_one",
-            next_fire_at=now,
-        )
-        await queries.schedule_notify_changed(pool, sid)
+        sid = await factories.ticking_schedule(pool, params={"latency": "2s"}, overlap="buffer_one")
 
         async def waited_and_ran() -> bool:
             rows = await pool.fetch(

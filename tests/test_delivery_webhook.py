@@ -72,12 +72,6 @@ async def _send(
         await sender.aclose()
 
 
-@pytest.fixture
-async def sink() -> Any:
-    async with start_http_sink() as running:
-        yield running
-
-
 async def test_a_delivery_carries_the_payload_key_and_a_verifiable_signature(
     sink: HttpSink,
 ) -> None:

@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -20,6 +21,7 @@ from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.settings import ProviderSettings
 from promptsched.secret import Secret
 from tests.fakes import openai_server as fake_server
+from tests.helpers import executor_failure
 
 KEY = "sk-test-0123456789abcdef-never-print-me"
 
@@ -55,25 +57,13 @@ def make_request(**overrides: Any) -> ExecutionRequest:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
 async def executor(fake: fake_server.FakeOpenAI) -> AsyncIterator[openai.OpenAIExecutor]:
-    executor = openai.OpenAIExecutor(make_settings(fake.base_url))
-    try:
+    async with aclosing(openai.OpenAIExecutor(make_settings(fake.base_url))) as executor:
         yield executor
-    finally:
-        await executor.aclose()
 
 
 async def fail_with(executor: openai.OpenAIExecutor, **overrides: Any) -> ExecutorError:
-    with pytest.raises(ExecutorError) as caught:
-        await executor.execute(make_request(**overrides))
-    assert KEY not in str(caught.value) and KEY not in repr(caught.value)
-    return caught.value
+    return await executor_failure(executor, make_request(**overrides), secret=KEY)
 
 
 # --- success -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -20,6 +21,7 @@ from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.settings import ProviderSettings
 from promptsched.secret import Secret
 from tests.fakes import openai_server as fake_server
+from tests.helpers import executor_failure
 
 KEY = "whsec-do-not-print-0123456789"
 # The fake receiver listens on loopback, which the address guard refuses unless listed.
@@ -58,25 +60,15 @@ def make_request(**overrides: Any) -> ExecutionRequest:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
-@pytest.fixture
 async def executor(fake: fake_server.FakeOpenAI) -> AsyncIterator[webhook_provider.WebhookExecutor]:
-    executor = webhook_provider.WebhookExecutor(make_settings(fake.webhook_url), allow=LOOPBACK)
-    try:
+    async with aclosing(
+        webhook_provider.WebhookExecutor(make_settings(fake.webhook_url), allow=LOOPBACK)
+    ) as executor:
         yield executor
-    finally:
-        await executor.aclose()
 
 
 async def fail_with(executor: webhook_provider.WebhookExecutor, **overrides: Any) -> ExecutorError:
-    with pytest.raises(ExecutorError) as caught:
-        await executor.execute(make_request(**overrides))
-    assert KEY not in str(caught.value) and KEY not in repr(caught.value)
-    return caught.value
+    return await executor_failure(executor, make_request(**overrides), secret=KEY)
 
 
 async def test_posts_the_prompt_and_context_as_json(

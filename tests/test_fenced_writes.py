@@ -28,6 +28,7 @@ from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH
+from tests.fakes import serve
 from tests.helpers import Service, wait_until
 
 
@@ -112,17 +113,9 @@ async def _held_hook() -> AsyncIterator[HeldHook]:
     hook = HeldHook()
     app = web.Application()
     app.router.add_post("/hook", hook.handle)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    hook.url = f"http://{host}:{port}/hook"
-    try:
+    async with serve(app, release=hook.release, shutdown_timeout=0.1) as base_url:
+        hook.url = f"{base_url}/hook"
         yield hook
-    finally:
-        hook.release.set()
-        await runner.cleanup()
 
 
 async def _scrape(service: Service) -> dict[tuple[str, str], float]:

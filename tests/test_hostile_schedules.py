@@ -6,18 +6,15 @@ a stored schedule that can no longer be planned within the budget is paused, not
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import asyncpg
-import pytest
 
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
 from promptsched.roles.scheduler import Scheduler
-from tests import api_support
 from tests.api_support import SCHEDULE, Api
 
 BOUND = 8.0  # seconds for the three requests of one expression (each does far less)
@@ -68,12 +65,6 @@ CORPUS: list[tuple[str, str, str]] = [  # kind, expression, timezone
     ("cron", "0 9 * * *", "localtime"),
     ("cron", "0 9 * * *", "Factory"),
 ]
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool[Any]) -> AsyncIterator[Api]:
-    async with api_support.client(pool) as client:
-        yield client
 
 
 async def _one(api: Api, who: dict[str, str], kind: str, expression: str, zone: str) -> None:

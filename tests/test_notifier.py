@@ -30,7 +30,7 @@ from promptsched.secret import Secret
 from promptsched.store import queries, sqlfiles
 from tests import factories
 from tests.factories import EPOCH
-from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.fakes.http_sink import HttpSink
 from tests.fakes.smtp import PERMANENT, FakeSMTP, start_fake_smtp
 from tests.helpers import Service, wait_until
 
@@ -42,12 +42,6 @@ SENDER = "promptsched@example.test"
 @pytest.fixture
 async def smtp() -> AsyncIterator[FakeSMTP]:
     async with start_fake_smtp() as server:
-        yield server
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[HttpSink]:
-    async with start_http_sink() as server:
         yield server
 
 
@@ -107,6 +101,14 @@ def make_notifier(
             retry_max=timedelta(minutes=5),
         ),
     )
+
+
+async def finished_run(pool: asyncpg.Pool[Any], clock: FrozenClock, **notify: Any) -> int:
+    """A run of a ``notified_schedule`` (``notify`` its arguments) that the worker executed
+    once; its id."""
+    rid = await factories.pending_run(pool, await notified_schedule(pool, **notify))
+    await factories.worker_pool(pool, clock).run_once()
+    return rid
 
 
 async def outbox(pool: asyncpg.Pool[Any], run_id: int | None = None) -> list[asyncpg.Record]:
@@ -196,8 +198,7 @@ async def test_smtp_refusals_are_retried_with_backoff_then_delivered_once(
     pool: asyncpg.Pool[Any], smtp: FakeSMTP
 ) -> None:
     clock = FrozenClock(EPOCH)
-    rid = await factories.pending_run(pool, await notified_schedule(pool, email=["a@b.co"]))
-    await factories.worker_pool(pool, clock).run_once()
+    rid = await finished_run(pool, clock, email=["a@b.co"])
     smtp.refuse_next(2)
     notifier = make_notifier(pool, clock, smtp)
     try:
@@ -267,8 +268,7 @@ async def test_a_permanent_smtp_refusal_is_dead_at_once(
     pool: asyncpg.Pool[Any], smtp: FakeSMTP
 ) -> None:
     clock = FrozenClock(EPOCH)
-    rid = await factories.pending_run(pool, await notified_schedule(pool, email=["x@y.co"]))
-    await factories.worker_pool(pool, clock).run_once()
+    rid = await finished_run(pool, clock, email=["x@y.co"])
     smtp.refuse_always(PERMANENT)
     notifier = make_notifier(pool, clock, smtp)
     try:
@@ -402,8 +402,7 @@ async def test_a_webhook_allowed_at_save_is_refused_at_send_when_the_config_chan
     pool: asyncpg.Pool[Any], smtp: FakeSMTP, sink: HttpSink
 ) -> None:
     clock = FrozenClock(EPOCH)
-    rid = await factories.pending_run(pool, await notified_schedule(pool, webhook=sink.url))
-    await factories.worker_pool(pool, clock).run_once()
+    rid = await finished_run(pool, clock, webhook=sink.url)
     notifier = make_notifier(pool, clock, smtp, allow=netguard.NO_WEBHOOK_ALLOW)
     try:
         assert (await notifier.run_once())["dead"] == 1
@@ -419,8 +418,7 @@ async def test_an_expired_claim_is_taken_back_and_the_late_writer_is_fenced(
     pool: asyncpg.Pool[Any], smtp: FakeSMTP
 ) -> None:
     clock = FrozenClock(EPOCH)
-    rid = await factories.pending_run(pool, await notified_schedule(pool, email=["a@b.co"]))
-    await factories.worker_pool(pool, clock).run_once()
+    rid = await finished_run(pool, clock, email=["a@b.co"])
     # A notifier claims, then freezes past its lease.
     [stale] = await queries.outbox_claim_batch(pool, clock.sql_now(), 10, timedelta(seconds=60), 5)
     clock.advance(timedelta(seconds=61))

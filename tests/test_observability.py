@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
 from promptsched.roles.stats import Stats
-from promptsched.store import queries, sqlfiles
+from promptsched.store import sqlfiles
 from tests import factories
-from tests.factories import EPOCH
+from tests.factories import EPOCH, runs_settled
 from tests.helpers import Service, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -501,15 +501,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
         # A retry, a dead letter, and a per-second schedule whose runs outlast their slot.
         flaky = await _manual_run(pool, params={"fail_attempts": 1}, max_attempts=3)
         doomed = await _manual_run(pool, params={"fail_attempts": 9}, max_attempts=1)
-        start = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 second'")
-        ticking = await factories.schedule(
-            pool,
-            expression="* * * * * *",
-            params={"latency": "3s"},
-            overlap="skip",
-            next_fire_at=start,
-        )
-        await queries.schedule_notify_changed(pool, ticking)  # as the API does: wake up now
+        ticking = await factories.ticking_schedule(pool, params={"latency": "3s"}, overlap="skip")
 
         async def skipped_twice() -> bool:
             where = "schedule_id = $1 AND skip_reason = 'overlap'"
@@ -518,10 +510,7 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
         await wait_until(skipped_twice, timeout=20, what="two overlap skips")
         await pool.execute("UPDATE schedules SET enabled = false WHERE id = $1", ticking)
 
-        async def settled() -> bool:
-            return await _count(pool, "status IN ('pending', 'running')") == 0
-
-        await wait_until(settled, timeout=20, what="every run to finish")
+        await wait_until(lambda: runs_settled(pool), timeout=20, what="every run to finish")
         control_after = await _scrape(control)
         worker_after = await _scrape(worker)
     finally:

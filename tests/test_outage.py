@@ -33,8 +33,8 @@ from promptsched.store.embedded import EmbeddedPostgres
 from promptsched.web import auth
 from tests import factories
 from tests.chaos import checker
-from tests.factories import EPOCH
-from tests.helpers import Service, wait_until
+from tests.factories import EPOCH, attempt_statuses, run_row
+from tests.helpers import Service, admin_execute, wait_until
 
 # Lines a process may log about failed round trips in one second of an outage.
 RETRY_LINES_PER_SECOND = 15
@@ -57,11 +57,7 @@ def own_postgres() -> Iterator[EmbeddedPostgres]:
 @pytest.fixture
 async def outage_db(own_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
     name = f"o_{uuid4().hex[:12]}"
-    admin = await asyncpg.connect(own_postgres.dsn())
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
+    await admin_execute(own_postgres, f"CREATE DATABASE {name}")
     conn = await pools.connect(own_postgres.dsn(name))
     try:
         await migrate.apply(conn)
@@ -69,11 +65,7 @@ async def outage_db(own_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
         await conn.close()
     yield own_postgres.dsn(name)
     own_postgres.ensure_running()  # a failed test may have left it stopped
-    admin = await asyncpg.connect(own_postgres.dsn())
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+    await admin_execute(own_postgres, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 async def _status(port: int, path: str, token: str | None = None) -> int:
@@ -232,19 +224,6 @@ def _sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
-    assert row is not None
-    return row
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT status FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id
-    )
-    return [row["status"] for row in rows]
-
-
 async def test_a_finish_that_cannot_reach_the_database_leaves_the_run_to_the_reaper(
     pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,15 +240,15 @@ async def test_a_finish_that_cannot_reach_the_database_leaves_the_run_to_the_rea
         assert await worker.run_once() == 1  # the pool survived the failed write
     assert [e["status"] for e in logs if e["event"] == "attempt.finalize_failed"] == ["succeeded"]
     assert _sample(metrics, "promptsched_role_errors_total", role="worker") == 1
-    assert (await _run(pool, rid))["status"] == "running"  # the lease will expire
+    assert (await run_row(pool, rid))["status"] == "running"  # the lease will expire
     monkeypatch.undo()
     clock.advance(timedelta(seconds=31))
     await Reaper(
         pool, clock, Metrics(), ReaperSettings(deadline_grace=timedelta(seconds=30))
     ).run_once()
     assert await worker.run_once() == 1
-    assert (await _run(pool, rid))["status"] == "succeeded"
-    assert await _attempts(pool, rid) == ["lost", "succeeded"]
+    assert (await run_row(pool, rid))["status"] == "succeeded"
+    assert await attempt_statuses(pool, rid) == ["lost", "succeeded"]
 
 
 async def test_a_heartbeat_that_finds_the_run_finished_by_its_own_attempt_fences_nothing(
@@ -288,7 +267,7 @@ async def test_a_heartbeat_that_finds_the_run_finished_by_its_own_attempt_fences
     monkeypatch.setattr(queries, "run_finish_many", finish_then_heartbeat)
     with capture_logs() as logs:
         assert await worker.run_once() == 1
-    assert (await _run(pool, rid))["status"] == "succeeded"
+    assert (await run_row(pool, rid))["status"] == "succeeded"
     assert not [e for e in logs if e["event"] == "attempt.fenced"]
     for kind in FENCED_WRITE_KINDS:
         assert _sample(metrics, "promptsched_fenced_writes_total", kind=kind) == 0, kind
@@ -315,7 +294,7 @@ async def test_the_worker_survives_any_error_a_claim_raises(
     worker = factories.worker_pool(pool, Clock(), metrics)
 
     async def succeeded() -> bool:
-        return bool((await _run(pool, rid))["status"] == "succeeded")
+        return bool((await run_row(pool, rid))["status"] == "succeeded")
 
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)

@@ -9,7 +9,6 @@ import signal
 import statistics
 import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,7 +29,8 @@ from promptsched.store import listen, queries
 from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
 from tests import factories
-from tests.helpers import Service, wait_until
+from tests.factories import runs_settled
+from tests.helpers import Service, assert_every_second_once, wait_until
 from tests.pgbouncer_support import PgBouncer
 
 # The replicas' poll interval when no wake-up arrives (worker/scheduler max sleep).
@@ -326,13 +326,7 @@ async def test_two_replicas_behind_the_pooler_wake_lead_once_and_keep_every_slot
             await service.ready()
         async with anyio.create_task_group() as tg:
             tg.start_soon(sample_leadership)
-            now = await pool.fetchval("SELECT now()")
-            sid = await factories.schedule(
-                pool,
-                expression="* * * * * *",
-                overlap="allow",
-                next_fire_at=now.replace(microsecond=0) + timedelta(seconds=1),
-            )
+            sid = await factories.ticking_schedule(pool, overlap="allow", announce=False)
             # As the API does after a save, through the pooler: the schedulers wake up for it.
             await queries.schedule_notify_changed(pooled, sid)
 
@@ -366,12 +360,7 @@ async def test_two_replicas_behind_the_pooler_wake_lead_once_and_keep_every_slot
             await wait_until(lambda: succeeded(14), timeout=30, what="runs after the kill")
             await pool.execute("UPDATE schedules SET next_fire_at = NULL WHERE id = $1", sid)
 
-            async def settled() -> bool:
-                return not await pool.fetchval(
-                    "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
-                )
-
-            await wait_until(settled, timeout=30, what="all runs finished")
+            await wait_until(lambda: runs_settled(pool), timeout=30, what="all runs finished")
             stop_sampling.set()
     finally:
         for service in services:
@@ -384,9 +373,7 @@ async def test_two_replicas_behind_the_pooler_wake_lead_once_and_keep_every_slot
     rows = await pool.fetch(
         "SELECT slot, status FROM runs WHERE schedule_id = $1 ORDER BY slot", sid
     )
-    slots = [row["slot"] for row in rows]
-    assert len(slots) == len(set(slots)), "a slot produced two runs"
-    assert [(s - slots[0]).total_seconds() for s in slots] == list(range(len(slots)))
+    assert_every_second_once([row["slot"] for row in rows])
     assert {row["status"] for row in rows} == {"succeeded"}
     # Wake-ups, not polls: while both replicas ran, runs started well under the poll interval.
     steady = await _start_latencies(pool, sid, kill_slot)

@@ -21,7 +21,7 @@ from promptsched.metrics import Metrics
 from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
 from tests import factories
-from tests.factories import EPOCH
+from tests.factories import EPOCH, runs_settled
 from tests.helpers import Service, wait_until
 
 HEALTHY = 12
@@ -208,12 +208,7 @@ async def test_poison_schedules_do_not_starve_a_healthy_one_in_a_real_service(
             "UPDATE schedules SET next_fire_at = NULL WHERE id = ANY($1)", [crash, hang, healthy]
         )
 
-        async def settled() -> bool:
-            return not await pool.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
-            )
-
-        await wait_until(settled, timeout=30, what="every run to finish")
+        await wait_until(lambda: runs_settled(pool), timeout=30, what="every run to finish")
 
         async def idle() -> bool:
             return await _busy_slots(port) == 0

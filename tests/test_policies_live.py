@@ -12,6 +12,7 @@ import pytest
 from promptsched.clock import Clock
 from promptsched.ops import inputs
 from promptsched.ops import schedules as schedule_ops
+from tests.factories import runs_settled
 from tests.helpers import Service, wait_until
 
 pytestmark = pytest.mark.slow
@@ -30,12 +31,7 @@ async def _settle(pool: asyncpg.Pool[Any], ids: list[int]) -> None:
     # End the cadence (no cursor) without disabling: disabling would skip queued runs.
     await pool.execute("UPDATE schedules SET next_fire_at = NULL WHERE id = ANY($1)", ids)
 
-    async def settled() -> bool:
-        return not await pool.fetchval(
-            "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
-        )
-
-    await wait_until(settled, timeout=30, what="every run to finish")
+    await wait_until(lambda: runs_settled(pool), timeout=30, what="every run to finish")
 
 
 async def test_misfire_policies_after_the_service_was_down(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +12,14 @@ import asyncpg
 import pytest
 
 from tests import factories
-from tests.helpers import Service, wait_until
+from tests.factories import attempt_rows, attempt_statuses, run_row, runs_settled
+from tests.helpers import Service, assert_every_second_once, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
-    assert row is not None
-    return row
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id)
-
-
 async def _running_on(pool: asyncpg.Pool[Any], run_id: int, service: Service) -> bool:
-    row = await _run(pool, run_id)
+    row = await run_row(pool, run_id)
     return row["status"] == "running" and str(row["worker_id"]).endswith(f":{service.pid}")
 
 
@@ -62,15 +52,9 @@ async def test_two_processes_make_exactly_one_run_per_second_slot(
     try:
         for service in services:
             await service.ready()
-        now = await pool.fetchval("SELECT now()")
         # overlap "allow": every slot must run even when the machine is slow, so no slot is
         # legitimately skipped because its predecessor had not finished yet.
-        sid = await factories.schedule(
-            pool,
-            expression="* * * * * *",
-            overlap="allow",
-            next_fire_at=now.replace(microsecond=0) + timedelta(seconds=1),
-        )
+        sid = await factories.ticking_schedule(pool, overlap="allow", announce=False)
 
         async def enough() -> bool:
             count = await pool.fetchval(
@@ -83,21 +67,13 @@ async def test_two_processes_make_exactly_one_run_per_second_slot(
         # everything owed finish.
         await pool.execute("UPDATE schedules SET next_fire_at = NULL WHERE id = $1", sid)
 
-        async def settled() -> bool:
-            return not await pool.fetchval(
-                "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
-            )
-
-        await wait_until(settled, timeout=20, what="all runs finished")
+        await wait_until(lambda: runs_settled(pool), timeout=20, what="all runs finished")
     finally:
         codes = [service.stop() for service in services]
     rows = await pool.fetch(
         "SELECT slot, status, attempts FROM runs WHERE schedule_id = $1 ORDER BY slot", sid
     )
-    slots = [row["slot"] for row in rows]
-    assert len(slots) == len(set(slots)), "a slot produced two runs"
-    # Consecutive seconds from the first slot to the last: none lost, none doubled.
-    assert [(s - slots[0]).total_seconds() for s in slots] == list(range(len(slots)))
+    assert_every_second_once([row["slot"] for row in rows])
     assert {row["status"] for row in rows} == {"succeeded"}
     assert {row["attempts"] for row in rows} == {1}
     # Both processes ran the scheduler; together they never double-enqueued.
@@ -119,7 +95,7 @@ async def test_sigkill_of_the_holder_another_process_finishes_after_the_lease(
         await second.ready()
 
         async def succeeded() -> bool:
-            return bool((await _run(pool, rid))["status"] == "succeeded")
+            return bool((await run_row(pool, rid))["status"] == "succeeded")
 
         await wait_until(succeeded, timeout=20, what="the run to succeed on the second process")
         recovered = time.monotonic() - killed_at
@@ -127,11 +103,11 @@ async def test_sigkill_of_the_holder_another_process_finishes_after_the_lease(
         first.stop()
         if second is not None:
             second.stop()
-    attempts = await _attempts(pool, rid)
+    attempts = await attempt_rows(pool, rid)
     assert [a["status"] for a in attempts] == ["lost", "succeeded"]
     assert attempts[0]["worker_id"].endswith(f":{first.pid}")
     assert attempts[1]["worker_id"].endswith(f":{second.pid}")
-    assert (await _run(pool, rid))["attempts"] == 2
+    assert (await run_row(pool, rid))["attempts"] == 2
     # lease 2s + run 2s + process start: well under the 20s bound above.
     assert recovered < 12
 
@@ -149,20 +125,20 @@ async def test_sigstop_past_the_lease_the_frozen_attempt_is_fenced(
         rescuer = Service(dsn, tmp_path / "rescuer.log")
 
         async def finished_by_rescuer() -> bool:
-            return bool((await _run(pool, rid))["status"] == "succeeded")
+            return bool((await run_row(pool, rid))["status"] == "succeeded")
 
         await wait_until(finished_by_rescuer, timeout=20, what="the rescuer to finish the run")
-        before = dict(await _run(pool, rid))
+        before = dict(await run_row(pool, rid))
         frozen.signal(signal.SIGCONT)
         await frozen.wait_event("attempt.fenced", timeout=15, run_id=rid)
         assert await _metric(frozen, "promptsched_fenced_writes_total") >= 1
-        after = dict(await _run(pool, rid))
+        after = dict(await run_row(pool, rid))
     finally:
         frozen.stop()
         if rescuer is not None:
             rescuer.stop()
     assert after == before, "the frozen attempt's late write changed the run"
-    attempts = await _attempts(pool, rid)
+    attempts = await attempt_rows(pool, rid)
     assert [a["status"] for a in attempts] == ["lost", "succeeded"]
     assert attempts[1]["worker_id"].endswith(f":{rescuer.pid}")
 
@@ -192,11 +168,11 @@ async def test_sigterm_hands_an_in_flight_run_over_well_under_the_lease(
         leaving.stop()
         if staying is not None:
             staying.stop()
-    attempts = await _attempts(pool, rid)
+    attempts = await attempt_rows(pool, rid)
     assert attempts[0]["status"] == "released"
     # Drain grace 0.5s; the lease (20s) never had to expire.
     assert handoff < 5, handoff
-    assert (await _run(pool, rid))["releases"] >= 1
+    assert (await run_row(pool, rid))["releases"] >= 1
 
 
 async def test_retries_and_dead_letters_with_echo_failure_injection(
@@ -209,14 +185,18 @@ async def test_retries_and_dead_letters_with_echo_failure_injection(
         doomed = await _manual_run(pool, params={"fail_attempts": 5}, max_attempts=2)
 
         async def done() -> bool:
-            statuses = {(await _run(pool, r))["status"] for r in (flaky, doomed)}
+            statuses = {(await run_row(pool, r))["status"] for r in (flaky, doomed)}
             return statuses <= {"succeeded", "dead"}
 
         await wait_until(done, timeout=20, what="both runs to finish")
     finally:
         service.stop()
-    assert [a["status"] for a in await _attempts(pool, flaky)] == ["failed", "failed", "succeeded"]
-    assert (await _run(pool, flaky))["status"] == "succeeded"
-    dead = await _run(pool, doomed)
+    assert await attempt_statuses(pool, flaky) == [
+        "failed",
+        "failed",
+        "succeeded",
+    ]
+    assert (await run_row(pool, flaky))["status"] == "succeeded"
+    dead = await run_row(pool, doomed)
     assert (dead["status"], dead["attempts"]) == ("dead", 2)
     assert dead["error"] == "echo: injected failure on attempt 2"

@@ -33,7 +33,7 @@ from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
 from tests import factories
 from tests.factories import EPOCH
-from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.fakes.http_sink import HttpSink
 from tests.helpers import Service, wait_until
 from tests.test_executors_webhook import make_request, make_settings
 
@@ -52,12 +52,6 @@ def hook_env(base_url: str) -> dict[str, str]:
         BASE_URL_VAR: base_url,
         "PROMPTSCHED_PROVIDER_HOOK_TIMEOUT": "10s",
     }
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[HttpSink]:
-    async with start_http_sink() as server:
-        yield server
 
 
 @pytest.fixture

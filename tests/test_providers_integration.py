@@ -30,7 +30,7 @@ from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import queries
 from promptsched.web import auth
 from tests import factories
-from tests.factories import EPOCH
+from tests.factories import EPOCH, attempt_rows, attempt_statuses, run_row
 from tests.fakes import openai_server as fake_server
 from tests.helpers import Service, wait_until
 
@@ -88,26 +88,6 @@ async def fake_run(pool: asyncpg.Pool[Any], **fields: Any) -> int:
     return await factories.pending_run(pool, await fake_schedule(pool, **fields))
 
 
-async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row: asyncpg.Record | None = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
-    assert row is not None
-    return row
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id)
-
-
-async def _attempt_statuses(pool: asyncpg.Pool[Any], run_id: int) -> list[str]:
-    return [row["status"] for row in await _attempts(pool, run_id)]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[fake_server.FakeOpenAI]:
-    async with fake_server.start_fake_openai() as server:
-        yield server
-
-
 # --- one attempt per behaviour --------------------------------------------------------------
 
 
@@ -120,11 +100,11 @@ async def test_ok_stores_output_and_usage_and_renders_the_system_prompt(
     async with fake_workers(pool, clock, fake.base_url) as workers:
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"], run["error"]) == ("succeeded", 1, None)
     assert run["output"] == "hello from the fake"
     assert run["usage"] == dict(fake_server.DEFAULT_USAGE)
-    assert await _attempt_statuses(pool, rid) == ["succeeded"]
+    assert await attempt_statuses(pool, rid) == ["succeeded"]
     (sent,) = fake.requests
     assert sent.path == "/v1/chat/completions"
     assert sent.json == {
@@ -145,9 +125,9 @@ async def test_slow_but_within_the_timeout_succeeds(
     async with fake_workers(pool, FrozenClock(EPOCH), fake.base_url, timeout="2s") as workers:
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"], run["output"]) == ("succeeded", 1, "slow but fine")
-    assert await _attempt_statuses(pool, rid) == ["succeeded"]
+    assert await attempt_statuses(pool, rid) == ["succeeded"]
 
 
 @pytest.mark.parametrize(
@@ -194,11 +174,11 @@ async def test_a_failed_attempt_retries_or_dies_by_its_class(
     rid = await fake_run(pool, max_attempts=3)
     async with fake_workers(pool, clock, fake.base_url) as workers:
         assert await workers.run_once() == 1
-        run = await _run(pool, rid)
+        run = await run_row(pool, rid)
         assert (run["status"], run["attempts"]) == (status, 1)
         assert run["error"].startswith(error), run["error"]
         assert run["lease_expires_at"] is None and run["output"] is None
-        (attempt,) = await _attempts(pool, rid)
+        (attempt,) = await attempt_rows(pool, rid)
         assert (attempt["status"], attempt["error"]) == ("failed", run["error"])
         if status == "dead":
             assert run["finished_at"] == clock.instant
@@ -212,9 +192,9 @@ async def test_a_failed_attempt_retries_or_dies_by_its_class(
         clock.advance(delay)
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"], run["error"]) == ("succeeded", 2, None)
-    assert await _attempt_statuses(pool, rid) == ["failed", "succeeded"]
+    assert await attempt_statuses(pool, rid) == ["failed", "succeeded"]
 
 
 async def test_timeouts_retry_then_go_dead_after_max_attempts(
@@ -225,15 +205,15 @@ async def test_timeouts_retry_then_go_dead_after_max_attempts(
     rid = await fake_run(pool, max_attempts=2)
     async with fake_workers(pool, clock, fake.base_url) as workers:
         assert await workers.run_once() == 1
-        run = await _run(pool, rid)
+        run = await run_row(pool, rid)
         assert (run["status"], run["attempts"]) == ("pending", 1)
         clock.advance(run["available_at"] - clock.instant)
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 2)
     assert run["error"] == "fake: request timed out after 500ms"
-    assert await _attempt_statuses(pool, rid) == ["failed", "failed"]
+    assert await attempt_statuses(pool, rid) == ["failed", "failed"]
     # Each timed-out attempt closed its connection: the server saw the client go away.
     with anyio.fail_after(2):
         await fake.wait_until(lambda server: server.disconnects == 2)
@@ -247,10 +227,10 @@ async def test_429_retry_after_is_honoured_never_shortened(
     rid = await fake_run(pool, max_attempts=3)
     async with fake_workers(pool, clock, fake.base_url) as workers:
         assert await workers.run_once() == 1
-        run = await _run(pool, rid)
+        run = await run_row(pool, rid)
         assert (run["status"], run["attempts"]) == ("pending", 1)
         assert "HTTP 429 Too Many Requests (retry after 7s)" in run["error"]
-        assert await _attempt_statuses(pool, rid) == ["failed"]
+        assert await attempt_statuses(pool, rid) == ["failed"]
         # The backoff alone is at most RETRY_MAX (1s): the 7s can only come from Retry-After.
         delay = run["available_at"] - clock.instant
         assert delay >= timedelta(seconds=7)
@@ -259,9 +239,9 @@ async def test_429_retry_after_is_honoured_never_shortened(
         clock.advance(timedelta(milliseconds=1))
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("succeeded", 2)
-    assert await _attempt_statuses(pool, rid) == ["failed", "succeeded"]
+    assert await attempt_statuses(pool, rid) == ["failed", "succeeded"]
 
 
 async def test_a_bad_system_template_is_permanent_and_sends_nothing(
@@ -272,7 +252,7 @@ async def test_a_bad_system_template_is_permanent_and_sends_nothing(
     async with fake_workers(pool, FrozenClock(EPOCH), fake.base_url) as workers:
         assert await workers.run_once() == 1
 
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 1)
     assert run["error"].startswith("bad prompt template: params.system: unknown variable {{ nme }}")
     assert fake.requests == []
@@ -351,12 +331,12 @@ async def test_a_fenced_attempt_aborts_its_request_and_writes_nothing(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(workers.run_once)
                 await fake.wait_until(lambda server: server.in_flight == 1)
-                mine = (await _run(pool, rid))["attempt_id"]
+                mine = (await run_row(pool, rid))["attempt_id"]
                 # Another attempt wins the run (as after a reap and a re-claim elsewhere).
                 await pool.execute(
                     "UPDATE runs SET attempt_id = gen_random_uuid() WHERE id = $1", rid
                 )
-                taken = await _run(pool, rid)
+                taken = await run_row(pool, rid)
                 assert await workers.heartbeat.run_once() == 1
                 with anyio.fail_after(1):
                     await fake.wait_until(
@@ -364,8 +344,8 @@ async def test_a_fenced_attempt_aborts_its_request_and_writes_nothing(
                     )
                 # run_once returns once the fenced attempt has stopped.
 
-    assert dict(await _run(pool, rid)) == dict(taken)  # untouched by the fenced attempt
-    (attempt,) = await _attempts(pool, rid)
+    assert dict(await run_row(pool, rid)) == dict(taken)  # untouched by the fenced attempt
+    (attempt,) = await attempt_rows(pool, rid)
     assert attempt["attempt_id"] == mine
     assert (attempt["status"], attempt["finished_at"], attempt["error"]) == ("running", None, None)
     # One write was rejected (the heartbeat's), one lease lost; the attempt wrote nothing more.
@@ -483,7 +463,7 @@ async def _api_responses(base: str, token: str, ids: dict[str, int]) -> dict[str
 
 async def _wait_finished(pool: asyncpg.Pool[Any], run_id: int, what: str) -> asyncpg.Record:
     async def finished() -> asyncpg.Record | None:
-        run = await _run(pool, run_id)
+        run = await run_row(pool, run_id)
         return run if run["status"] in ("succeeded", "dead") else None
 
     run: asyncpg.Record | None = await wait_until(finished, timeout=15, what=what)

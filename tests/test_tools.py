@@ -22,12 +22,6 @@ LOOPBACK = netguard.Allowlist.parse("127.0.0.1", variable=netguard.TOOLS_ALLOW)
 
 
 @pytest.fixture
-async def pages() -> AsyncIterator[site.Pages]:
-    async with site.start_pages() as running:
-        yield running
-
-
-@pytest.fixture
 async def tools() -> AsyncIterator[builtin.Builtins]:
     found = builtin.Builtins(allow=LOOPBACK)  # the local site is on loopback
     yield found

@@ -16,21 +16,8 @@ from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.roles.reaper import Reaper
 from promptsched.store import queries
 from tests import factories
-from tests.factories import EPOCH
+from tests.factories import EPOCH, attempt_statuses, run_row
 from tests.helpers import wait_until
-
-
-async def _run(pool: asyncpg.Pool[Any], run_id: int) -> asyncpg.Record:
-    row = await pool.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
-    assert row is not None
-    return row
-
-
-async def _attempts(pool: asyncpg.Pool[Any], run_id: int) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT status FROM run_attempts WHERE run_id = $1 ORDER BY number", run_id
-    )
-    return [row["status"] for row in rows]
 
 
 async def test_a_pending_run_is_claimed_executed_and_succeeds(pool: asyncpg.Pool[Any]) -> None:
@@ -38,21 +25,21 @@ async def test_a_pending_run_is_claimed_executed_and_succeeds(pool: asyncpg.Pool
     sid = await factories.schedule(pool, prompt="weekly report")
     rid = await factories.pending_run(pool, sid)
     assert await factories.worker_pool(pool, clock).run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["output"], run["attempts"]) == (
         "succeeded",
         "echo: weekly report",
         1,
     )
     assert run["lease_expires_at"] is None and run["finished_at"] == EPOCH
-    assert await _attempts(pool, rid) == ["succeeded"]
+    assert await attempt_statuses(pool, rid) == ["succeeded"]
 
 
 async def test_a_run_not_yet_available_is_not_claimed(pool: asyncpg.Pool[Any]) -> None:
     clock = FrozenClock(EPOCH - timedelta(seconds=1))
     rid = await factories.pending_run(pool, await factories.schedule(pool))
     assert await factories.worker_pool(pool, clock).run_once() == 0
-    assert (await _run(pool, rid))["status"] == "pending"
+    assert (await run_row(pool, rid))["status"] == "pending"
 
 
 async def test_failures_retry_with_backoff_then_succeed(pool: asyncpg.Pool[Any]) -> None:
@@ -64,7 +51,7 @@ async def test_failures_retry_with_backoff_then_succeed(pool: asyncpg.Pool[Any])
     delays = []
     for attempt in (1, 2):
         assert await workers.run_once() == 1
-        run = await _run(pool, rid)
+        run = await run_row(pool, rid)
         assert run["status"] == "pending" and run["attempts"] == attempt
         assert "injected failure" in run["error"]
         delay = run["available_at"] - clock.instant
@@ -76,9 +63,9 @@ async def test_failures_retry_with_backoff_then_succeed(pool: asyncpg.Pool[Any])
     assert timedelta(seconds=5) <= delays[0] <= timedelta(seconds=10)
     assert timedelta(seconds=10) <= delays[1] <= timedelta(seconds=20)
     assert await workers.run_once() == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"], run["error"]) == ("succeeded", 3, None)
-    assert await _attempts(pool, rid) == ["failed", "failed", "succeeded"]
+    assert await attempt_statuses(pool, rid) == ["failed", "failed", "succeeded"]
     assert metrics.retries.labels("echo")._value.get() == 2
 
 
@@ -91,7 +78,7 @@ async def test_retries_exhausted_go_dead_with_the_last_error(pool: asyncpg.Pool[
     await workers.run_once()
     clock.advance(timedelta(minutes=10))
     await workers.run_once()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 2)
     assert run["error"] == "echo: injected failure on attempt 2"
     assert metrics.dead_letters.labels("echo")._value.get() == 1
@@ -104,7 +91,7 @@ async def test_a_permanent_error_goes_dead_at_once(pool: asyncpg.Pool[Any]) -> N
     )
     rid = await factories.pending_run(pool, sid)
     await factories.worker_pool(pool, clock).run_once()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["attempts"]) == ("dead", 1)
 
 
@@ -114,7 +101,7 @@ async def test_a_schedule_disabled_before_the_claim_skips_its_run(pool: asyncpg.
     rid = await factories.pending_run(pool, sid)
     await pool.execute("UPDATE schedules SET enabled = false WHERE id = $1", sid)
     await factories.worker_pool(pool, clock).run_once()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["skip_reason"]) == ("skipped", "disabled")
 
 
@@ -125,7 +112,7 @@ async def test_an_attempt_past_its_timeout_fails_and_retries(pool: asyncpg.Pool[
     )
     rid = await factories.pending_run(pool, sid)
     await factories.worker_pool(pool, clock).run_once()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["error"]) == ("pending", "timed out after 1s")
 
 
@@ -140,7 +127,7 @@ async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
         [queries.Finish(rid, stale, "succeeded", "succeeded", output="from a stale attempt")],
     )
     assert landed == set()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["output"], run["attempt_id"]) == (
         "running",
         None,
@@ -159,15 +146,15 @@ async def test_the_reaper_requeues_an_expired_lease_and_marks_the_attempt_lost(
     assert sum((await reaper.run_once()).values()) == 0  # lease still valid
     clock.advance(timedelta(seconds=31))
     assert (await reaper.run_once())["pending"] == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert run["status"] == "pending" and "lease expired" in run["error"]
-    assert await _attempts(pool, rid) == ["lost"]
+    assert await attempt_statuses(pool, rid) == ["lost"]
     # The second loss uses up max_attempts=2: dead.
     await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", timedelta(seconds=30))
     clock.advance(timedelta(seconds=31))
     assert (await reaper.run_once())["dead"] == 1
-    assert (await _run(pool, rid))["status"] == "dead"
-    assert await _attempts(pool, rid) == ["lost", "lost"]
+    assert (await run_row(pool, rid))["status"] == "dead"
+    assert await attempt_statuses(pool, rid) == ["lost", "lost"]
     assert metrics.leases_reaped.labels("dead")._value.get() == 1
 
 
@@ -221,7 +208,7 @@ async def test_a_cancel_requested_run_whose_worker_died_ends_cancelled(
         pool, clock, Metrics(), ReaperSettings(deadline_grace=timedelta(seconds=30))
     ).run_once()
     assert counts["cancelled"] == 1
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["cancel_requested"]) == ("cancelled", False)
     assert run["finished_at"] == clock.instant
 
@@ -329,9 +316,9 @@ async def test_drain_lets_a_queued_final_write_land_instead_of_releasing_it(
             stopping.start_soon(drain)
             gate.set()
         tg.cancel_scope.cancel()
-    run = await _run(pool, rid)
+    run = await run_row(pool, rid)
     assert (run["status"], run["releases"]) == ("succeeded", 0)
-    assert await _attempts(pool, rid) == ["succeeded"]
+    assert await attempt_statuses(pool, rid) == ["succeeded"]
     assert metrics.leases_released._value.get() == 0
     for kind in FENCED_WRITE_KINDS:
         assert metrics.fenced_writes.labels(kind)._value.get() == 0, kind

@@ -97,15 +97,9 @@ class WebhookSender:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            # Every connection goes to an address the guard checked; no DNS cache to outlive
-            # a check, no proxies from the environment, no redirects followed.
-            connector = aiohttp.TCPConnector(
-                resolver=netguard.GuardedResolver(self.allow),
-                use_dns_cache=False,
-                limit=100,
-            )
-            self._http = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            # Every connection goes to an address the guard checked; no redirects followed.
+            self._http = netguard.guarded_session(
+                self.allow, aiohttp.ClientTimeout(total=self.timeout)
             )
         return self._http
 

@@ -49,14 +49,8 @@ class Fetcher:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            connector = aiohttp.TCPConnector(
-                resolver=netguard.GuardedResolver(self.allow),
-                use_dns_cache=False,
-                limit=100,
-            )
             timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout)
-            # trust_env=False (the default): no proxy from the environment bypasses the guard.
-            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
+            self._http = netguard.guarded_session(self.allow, timeout)
         return self._http
 
     def check(self, url: str) -> URL:

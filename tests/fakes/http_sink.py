@@ -13,6 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes import serve
+
 
 @dataclass(frozen=True)
 class SinkRequest:
@@ -78,13 +80,6 @@ async def start_http_sink() -> AsyncIterator[HttpSink]:
     sink = HttpSink()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", sink.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    sink.base_url = f"http://{host}:{port}"
-    try:
+    async with serve(app) as base_url:
+        sink.base_url = base_url
         yield sink
-    finally:
-        await runner.cleanup()

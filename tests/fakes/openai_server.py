@@ -19,6 +19,8 @@ from typing import Any, Literal
 import anyio
 from aiohttp import web
 
+from tests.fakes import serve
+
 Kind = Literal[
     "ok", "slow", "hang", "status", "malformed", "drop", "gather", "echo_auth", "tool_calls"
 ]
@@ -248,14 +250,8 @@ async def start_fake_openai(default: Behaviour | None = None) -> AsyncIterator[F
     fake = FakeOpenAI(default=default or ok())
     app = web.Application()
     app.router.add_post("/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        fake.base_url = f"http://{host}:{port}/v1"
+    async with serve(
+        app, release=fake._closing, handler_cancellation=True, shutdown_timeout=2.0
+    ) as base_url:
+        fake.base_url = f"{base_url}/v1"
         yield fake
-    finally:
-        fake._closing.set()
-        await runner.cleanup()

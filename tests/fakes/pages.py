@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tests.fakes import serve
+
 PAGE = """<!doctype html>
 <html><head><title>Harbour weather</title>
 <style>body { color: red }</style>
@@ -93,14 +95,6 @@ async def start_pages() -> AsyncIterator[Pages]:
     pages = Pages()
     app = web.Application()
     app.router.add_route("GET", "/{tail:.*}", pages.handle)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        pages.base_url = f"http://{host}:{port}"
+    async with serve(app, release=pages._closing, shutdown_timeout=1.0) as base_url:
+        pages.base_url = base_url
         yield pages
-    finally:
-        pages._closing.set()
-        await runner.cleanup()
