@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -132,11 +133,7 @@ class Supervisor:
                 registry,
                 limiters,
                 heartbeat,
-                slots=config.workers,
-                worker_id=self.worker_id,
-                retry_base=config.retry_base,
-                retry_max=config.retry_max,
-                max_sleep=config.worker_max_sleep,
+                replace(config.worker, worker_id=self.worker_id),
             )
             handlers[listen.CHANNEL_RUNS] = self.worker.notify
         notifier = self._notifier(pool) if "notifier" in roles else None

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from promptsched.clock import Clock
+from promptsched.config import WorkerSettings
 from promptsched.executors.base import Registry
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
@@ -86,10 +87,12 @@ def worker_pool(
         Registry({"echo": EchoExecutor()}),
         {"echo": Limiter(1000)},
         heartbeat,
-        slots=slots,
-        worker_id=worker_id,
-        retry_base=timedelta(seconds=10),
-        retry_max=timedelta(minutes=5),
+        WorkerSettings(
+            slots=slots,
+            worker_id=worker_id,
+            retry_base=timedelta(seconds=10),
+            retry_max=timedelta(minutes=5),
+        ),
     )
 
 

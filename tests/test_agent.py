@@ -16,6 +16,7 @@ import pytest
 
 from promptsched import netguard
 from promptsched.clock import Clock, FrozenClock
+from promptsched.config import WorkerSettings
 from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
@@ -52,9 +53,8 @@ async def agent_workers(
     heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
     try:
         yield WorkerPool(
-            pool, clock, metrics, registry, limiters, heartbeat, slots=4,
-            worker_id="agent-worker", retry_base=timedelta(milliseconds=100),
-        )  # fmt: skip
+            pool, clock, metrics, registry, limiters, heartbeat, WorkerSettings(slots=4,
+            worker_id="agent-worker", retry_base=timedelta(milliseconds=100)))  # fmt: skip
     finally:
         await registry.aclose()
         await tools.aclose()
@@ -257,9 +257,20 @@ async def test_the_webhook_provider_sends_one_idempotency_key_on_every_attempt(
     metrics = Metrics()
     heartbeat = Heartbeat(pool, clock, metrics, lease=timedelta(seconds=30),
                           interval=timedelta(seconds=10))  # fmt: skip
-    workers = WorkerPool(pool, clock, metrics, registry, limiters, heartbeat, slots=1,
-                         worker_id="w", retry_base=timedelta(milliseconds=1),
-                         retry_max=timedelta(milliseconds=1))  # fmt: skip
+    workers = WorkerPool(
+        pool,
+        clock,
+        metrics,
+        registry,
+        limiters,
+        heartbeat,
+        WorkerSettings(
+            slots=1,
+            worker_id="w",
+            retry_base=timedelta(milliseconds=1),
+            retry_max=timedelta(milliseconds=1),
+        ),
+    )
     try:
         for _ in range(3):
             assert await workers.run_once() == 1

@@ -18,6 +18,7 @@ import pytest
 
 from promptsched import netguard
 from promptsched.clock import FrozenClock
+from promptsched.config import WorkerSettings
 from promptsched.errors import ConfigError, ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
@@ -75,8 +76,15 @@ async def test_a_read_only_mcp_tool_is_used_by_an_agent_run_and_others_are_refus
         clock, metrics = FrozenClock(EPOCH), Metrics()
         heartbeat = Heartbeat(pool, clock, metrics, lease=timedelta(seconds=30),
                               interval=timedelta(seconds=10))  # fmt: skip
-        workers = WorkerPool(pool, clock, metrics, registry, limiters, heartbeat, slots=1,
-                             worker_id="w")  # fmt: skip
+        workers = WorkerPool(
+            pool,
+            clock,
+            metrics,
+            registry,
+            limiters,
+            heartbeat,
+            WorkerSettings(slots=1, worker_id="w"),
+        )
         try:
             assert await workers.run_once() == 1
         finally:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from promptsched.clock import FrozenClock
+from promptsched.config import WorkerSettings
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
@@ -54,8 +55,7 @@ def _worker(pool: asyncpg.Pool[Any], clock: FrozenClock, metrics: Metrics) -> Wo
         Registry({"echo": EchoExecutor(), "crashing": CrashingExecutor()}),
         {"echo": Limiter(100), "crashing": Limiter(100)},
         heartbeat,
-        slots=2,
-        worker_id="poison-test",
+        WorkerSettings(slots=2, worker_id="poison-test"),
     )
 
 

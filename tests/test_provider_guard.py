@@ -22,6 +22,7 @@ import pytest
 from promptsched import config as configuration
 from promptsched import netguard
 from promptsched.clock import FrozenClock
+from promptsched.config import WorkerSettings
 from promptsched.errors import ConfigError, PermanentError
 from promptsched.executors import openai, webhook_provider
 from promptsched.executors.base import Registry
@@ -233,9 +234,9 @@ def _workers(
     clock, metrics = FrozenClock(EPOCH), Metrics()
     heartbeat = Heartbeat(pool, clock, metrics, lease=timedelta(seconds=30),
                           interval=timedelta(seconds=10))  # fmt: skip
-    return WorkerPool(pool, clock, metrics, registry, limiters, heartbeat, slots=1,
+    return WorkerPool(pool, clock, metrics, registry, limiters, heartbeat, WorkerSettings(slots=1,
                       worker_id="w", retry_base=timedelta(milliseconds=1),
-                      retry_max=timedelta(milliseconds=1))  # fmt: skip
+                      retry_max=timedelta(milliseconds=1)))  # fmt: skip
 
 
 async def _hook_run(pool: asyncpg.Pool[Any]) -> int:

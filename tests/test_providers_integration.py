@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from promptsched.clock import Clock, FrozenClock
+from promptsched.config import WorkerSettings
 from promptsched.errors import ValidationError
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
@@ -71,9 +72,19 @@ async def fake_workers(
     heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
     try:
         yield WorkerPool(
-            pool, clock, metrics, registry, limiters, heartbeat, slots=slots,
-            worker_id="it-worker", retry_base=timedelta(milliseconds=100), retry_max=RETRY_MAX,
-        )  # fmt: skip
+            pool,
+            clock,
+            metrics,
+            registry,
+            limiters,
+            heartbeat,
+            WorkerSettings(
+                slots=slots,
+                worker_id="it-worker",
+                retry_base=timedelta(milliseconds=100),
+                retry_max=RETRY_MAX,
+            ),
+        )
     finally:
         await registry.aclose()
 

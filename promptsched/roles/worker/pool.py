@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from promptsched import logs
 from promptsched.clock import Clock
+from promptsched.config import WorkerSettings
 from promptsched.domain import ClaimedRun, RunStatus
 from promptsched.errors import (
     AttemptTimeout,
@@ -65,12 +66,7 @@ class WorkerPool:
         registry: Registry,
         limiters: Mapping[str, Limiter],
         heartbeat: Heartbeat,
-        *,
-        slots: int,
-        worker_id: str,
-        retry_base: timedelta = timedelta(seconds=2),
-        retry_max: timedelta = timedelta(hours=1),
-        max_sleep: timedelta = timedelta(seconds=5),
+        settings: WorkerSettings,
     ) -> None:
         self.pool = pool
         self.clock = clock
@@ -81,11 +77,11 @@ class WorkerPool:
         # One registry of the attempts in flight, shared with the heartbeat that renews them.
         self.inflight: InFlightAttempts = heartbeat.inflight
         self.finalizer = Finalizer(pool, clock)
-        self.slots = slots
-        self.worker_id = worker_id
-        self.retry_base = retry_base
-        self.retry_max = retry_max
-        self.max_sleep = max_sleep
+        self.slots = settings.slots
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.retry_base = settings.retry_base
+        self.retry_max = settings.retry_max
+        self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
