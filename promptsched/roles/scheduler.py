@@ -112,7 +112,7 @@ class _Batch:
             plan = self.plans[key] = policies.plan_tick(*key)
         # Unfinished runs matter only to a plan that starts a run (cancel_other cancels them
         # only for a newer run that takes their place).
-        starts = any(RunStatus(run.status) is RunStatus.PENDING for run in plan.runs)
+        starts = any(run.status is RunStatus.PENDING for run in plan.runs)
         decision = overlap.apply(
             group.overlap_policy,  # type: ignore[arg-type]  # the schema CHECK holds these
             pending=group.unfinished if starts else 0,
@@ -148,7 +148,7 @@ def _variant(
         runs.append(
             queries.PlannedRun(
                 slot=run.slot,
-                status=RunStatus(run.status),
+                status=run.status,
                 skip_reason=run.skip_reason,
                 missed=run.missed,
                 available_at=run.slot + delay if delay else run.slot,
