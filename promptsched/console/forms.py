@@ -78,10 +78,10 @@ def _params(text: str) -> dict[str, Any]:
     return value
 
 
-def _row_values(row: Any) -> dict[str, str]:
+def _row_values(row: domain.Schedule) -> dict[str, str]:
     data = views.schedule_json(row)
     values = {key: str(data.get(key) or "") for key in FIELDS}
-    values.update(kind=row["kind"], max_attempts=str(row["max_attempts"]))
+    values.update(kind=row.kind, max_attempts=str(row.max_attempts))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
     return values
 
@@ -138,7 +138,7 @@ async def create(ctx: Ctx) -> web.StreamResponse:
             )
     except ValidationError as exc:
         return _render(ctx, values, error=exc, status=422)
-    return redirect(f"/schedules/{row['id']}?done=created")
+    return redirect(f"/schedules/{row.id}?done=created")
 
 
 async def edit_form(ctx: Ctx) -> web.StreamResponse:
@@ -146,7 +146,7 @@ async def edit_form(ctx: Ctx) -> web.StreamResponse:
     row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
-    return _render(ctx, _row_values(row), sid=sid, version=row["version"])
+    return _render(ctx, _row_values(row), sid=sid, version=row.version)
 
 
 async def save(ctx: Ctx) -> web.StreamResponse:
