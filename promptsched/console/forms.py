@@ -21,14 +21,21 @@ from promptsched.store import queries
 
 PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
-          "misfire", "overlap", "max_attempts", "timeout")  # fmt: skip
+          "misfire", "overlap", "max_attempts", "timeout", "misfire_grace", "misfire_cap",
+          "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures")  # fmt: skip
 DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
-            "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": ""}  # fmt: skip
+            "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": "",
+            "misfire_grace": "1m", "misfire_cap": "100", "dst_gap": "shift",
+            "dst_fold": "first"}  # fmt: skip
 CHOICES = {
     "kind": ("auto", *spec.KINDS),
     "misfire": inputs.MISFIRE_POLICIES,
     "overlap": overlap.POLICIES,
+    "dst_gap": ("shift", "skip"),
+    "dst_fold": ("first", "both"),
 }
+# Optional settings: an empty field means "none" (no catch-up window, no jitter, never pause).
+_OPTIONAL = ("catchup_window", "jitter", "pause_after_failures")
 
 
 def parse_expression(kind: str, expression: str, timezone: str) -> spec.Spec:
@@ -51,8 +58,11 @@ def _raw(values: dict[str, str]) -> dict[str, Any]:
     validate.check_storable(values)
     parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
     raw: dict[str, Any] = {
-        key: values[key].strip() for key in ("name", "misfire", "overlap", "timeout", "provider")
-    }
+        key: values[key].strip()
+        for key in ("name", "misfire", "overlap", "timeout", "provider", "misfire_grace",
+                    "misfire_cap", "dst_gap", "dst_fold")
+    }  # fmt: skip
+    raw.update({key: values[key].strip() or None for key in _OPTIONAL})
     raw.update(
         kind=parsed.kind,
         expression=parsed.expression,

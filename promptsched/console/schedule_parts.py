@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from promptsched import offload
-from promptsched.console import describe, layout, timefmt
+from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import ChangeAction, Schedule
@@ -53,6 +53,10 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def _word(field: str, value: str) -> str:
+    return form_page.OPTION_WORDS[field].get(value, value)
+
+
 def settings(ctx: Ctx, row: Schedule) -> Markup:
     data = views.schedule_json(row)
     where = timefmt.zone(row.timezone)
@@ -63,12 +67,14 @@ def settings(ctx: Ctx, row: Schedule) -> Markup:
         ("Time zone", row.timezone),
         ("Provider", row.provider + (f" · model {row.model}" if row.model else "")),
         ("Params", code(_json(data["params"] or {}))),
-        ("Misfire", f"{data['misfire']} (cap {row.misfire_cap}, grace "
-                    f"{data['misfire_grace']}, catch-up window {data['catchup_window'] or '—'})"),
-        ("Overlap", data["overlap"]),
+        ("Misfire", f"{_word('misfire', data['misfire'])}, a slot counting as missed when found "
+                    f"more than {data['misfire_grace']} late (at most {row.misfire_cap} "
+                    f"run); catch-up window {data['catchup_window'] or 'none'}"),
+        ("Overlap", _word("overlap", data["overlap"])),
         ("Attempts", f"at most {row.max_attempts}, each within {data['timeout']}"),
         ("Jitter", data["jitter"] or "none"),
-        ("DST", f"missing local times: {row.dst_gap}; repeated: {row.dst_fold}"),
+        ("DST", f"a local time skipped by DST: {_word('dst_gap', row.dst_gap)}; "
+                f"a repeated one: {_word('dst_fold', row.dst_fold)}"),
         ("Auto-pause", f"after {row.pause_after_failures} dead runs in a row"
                        if row.pause_after_failures else "never"),
         ("Notify", code(_json(notify_targets.public(row.notify or {}))) if row.notify
