@@ -34,9 +34,14 @@ def describe(kind: str, expression: str) -> str:
         words = {"cron": _cron, "every": _every, "at": _at, "rrule": _rrule}[kind](expression)
     except Exception:  # a describer must never break a page
         words = None
-    if words is None and kind == "rrule":  # the rule as the user wrote it
+    return words or as_written(kind, expression)
+
+
+def as_written(kind: str, expression: str) -> str:
+    """The expression as the user wrote it (an RRULE without the default DTSTART we add)."""
+    if kind == "rrule":
         return expression.replace(f"{_DEFAULT_DTSTART}\n", "", 1)
-    return words or expression
+    return expression
 
 
 def _plural(count: int, unit: str) -> str:
