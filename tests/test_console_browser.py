@@ -118,7 +118,7 @@ async def test_operator_journey(browser: Any, base: str, pool: asyncpg.Pool[Any]
     refresh_until(browser, "succeeded", css="table.runs")
     screenshot(browser, "03-schedule")
     browser.find_element(*_by("table.runs a[href^='/runs/']")).click()
-    see(browser, "echo: Tick at", "pre.output")
+    see(browser, "echo: Tick at", ".output.md")
     screenshot(browser, "04-run")
 
     # Pause until a day far ahead, then resume.
@@ -192,7 +192,7 @@ async def test_markup_in_a_name_and_prompt_renders_as_text(
     click_confirmed(browser, "form[action$='/trigger'] button")
     refresh_until(browser, "succeeded", css="table.runs")
     browser.find_element(*_by("table.runs a[href^='/runs/']")).click()
-    see(browser, f"echo: Repeat {EVIL}", "pre.output")
+    see(browser, f"echo: Repeat {EVIL}", ".output.md")
     for url in (f"{base}/", browser.current_url):
         browser.get(url)
         assert EVIL in text(browser)

@@ -16,7 +16,7 @@ from promptsched import errors, markup
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
-from promptsched.domain import RunStatus
+from promptsched.domain import AttemptStatus, RunStatus
 from promptsched.ops import notifications
 from promptsched.store import queries
 from promptsched.web import progress
@@ -42,18 +42,18 @@ $sent""")
 # it: reload to see the run's state).
 _LIVE = Template("""<section class="live" id="live" data-events="/runs/$id/events">
 <h2>Progress</h2>
-<p class="muted" id="live-state">Waiting for the run to start; the steps appear here as \
-they happen.</p>
-<ol class="steps" id="live-steps"></ol></section>
+<p class="muted" id="live-state">$state</p>
+<ol class="steps" id="live-steps">$steps</ol></section>
 """)
+_WAITING = "Waiting for the next step; the steps appear here as they happen."
 _OUTPUT = Template("""<div class="output md">$html</div>
 <details><summary>As plain text</summary>$text</details>""")
 _TRANSCRIPT = Template("""<h3>Attempt $number · $status</h3>
 <ol class="steps">$steps</ol>
 """)
 _STEP = Template(
-    """<li><span class="badge kind">$kind</span> <span class="muted">step $step$tokens</span>\
-<div class="step-text">$text</div>$detail</li>"""
+    """<li data-key="$key"><span class="badge kind">$kind</span> <span class="muted">step \
+$step$tokens</span><div class="step-text">$text</div>$detail</li>"""
 )
 _DETAIL_PRE = Template('<pre class="text clip">$text</pre>')
 STEP_CLIP = 1500  # characters of a tool result or model reply shown per step
@@ -176,26 +176,40 @@ def _step_detail(step: dict[str, Any]) -> str:
     return ""
 
 
+def _steps(attempt: asyncpg.Record) -> Markup:
+    """An attempt's steps: kind, step number, tokens so far, text and detail (clipped). Each
+    carries the key the live stream's events are matched by ("attempt:step:kind")."""
+    items = []
+    for step in attempt["transcript"] or []:
+        if not isinstance(step, dict):
+            continue
+        detail = _step_detail(step)
+        tokens = step.get("tokens")
+        kind, number = str(step.get("kind", "step")), str(step.get("step", ""))
+        items.append(_STEP(
+            key=f"{attempt['number']}:{number}:{kind}", kind=kind, step=number,
+            tokens=f" · {tokens} tokens" if tokens else "",
+            text=_clip(str(step.get("text") or ""), 300),
+            detail=_DETAIL_PRE(text=_clip(detail)) if detail else "",
+        ))  # fmt: skip
+    return join(items)
+
+
+def _live(rid: int, attempts: Sequence[asyncpg.Record]) -> Markup:
+    """An unfinished run's progress: the running attempt's steps so far, then (with the
+    script) each new one as it happens."""
+    running = [a for a in attempts if a["status"] == AttemptStatus.RUNNING]
+    steps = _steps(running[-1]) if running else Markup("")
+    return _LIVE(id=rid, state=_WAITING, steps=steps)
+
+
 def _transcripts(attempts: Sequence[asyncpg.Record]) -> Markup:
-    """Each agent attempt's steps: kind, step number, tokens so far, text and detail."""
+    """Each agent attempt's steps, once the run is over (a running attempt's are live)."""
     parts = []
     for a in attempts:
-        steps = a["transcript"] or []
-        if not steps:
+        if not a["transcript"] or a["status"] == AttemptStatus.RUNNING:
             continue
-        items = []
-        for step in steps:
-            if not isinstance(step, dict):
-                continue
-            detail = _step_detail(step)
-            tokens = step.get("tokens")
-            items.append(_STEP(
-                kind=str(step.get("kind", "step")), step=str(step.get("step", "")),
-                tokens=f" · {tokens} tokens" if tokens else "",
-                text=_clip(str(step.get("text") or ""), 300),
-                detail=_DETAIL_PRE(text=_clip(detail)) if detail else "",
-            ))  # fmt: skip
-        parts.append(_TRANSCRIPT(number=a["number"], status=a["status"], steps=join(items)))
+        parts.append(_TRANSCRIPT(number=a["number"], status=a["status"], steps=_steps(a)))
     if not parts:
         return Markup("")
     return join([Markup("<h2>Transcript</h2>\n"), *parts])
@@ -271,7 +285,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         actions=run_actions(ctx, rid, row["status"], replayed_by),
         links=_links(row, replayed_by),
         facts=join(_DL_ROW(term=t, value=v) for t, v in facts),
-        live=_LIVE(id=rid) if not RunStatus(row["status"]).finished else "",
+        live=_live(rid, attempts) if not RunStatus(row["status"]).finished else "",
         error=_ERROR(text=row["error"]) if row["error"] else "",
         output=_output(row["output"]),
         attempts=_attempts(ctx, attempts, where),

@@ -33,7 +33,9 @@ _SCROLL = Template('<div class="table-scroll">$table</div>')
 _OWNER_FIELD = Template(""" <input name="owner" type="search" value="$owner" \
 placeholder="owner" aria-label="only this owner's schedules">""")
 _NAME = Template('<a href="/schedules/$id" class="name">$name</a>')
-_WHEN = Template('$words<br><code class="muted expr" title="$expression">$expression</code>')
+_WHEN = Template(
+    '$words<br><code class="muted expr as-written" title="$expression">$expression</code>'
+)
 _WORDS_ONLY = Template('<code class="expr" title="$expression">$expression</code>')
 _NOWRAP = Template('<span class="nowrap">$text</span>')
 _DETAIL = Template("""<p class="subtitle">$state

@@ -8,6 +8,7 @@ client dropped. Tests wait on these through ``wait_until``, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,6 +42,7 @@ class Behaviour:
     body: str | None = None
     group: int = 0
     calls: tuple[tuple[str, str], ...] = ()  # (function name, arguments JSON) per tool call
+    gate: asyncio.Event | None = None  # answer only once the test sets it
 
 
 def ok(content: str = "hello from the fake", usage: Mapping[str, int] = DEFAULT_USAGE) -> Behaviour:
@@ -66,6 +68,11 @@ def reply(body: str, *, status: int = 200, content_type: str = "application/json
 
 def slow(delay: float, content: str = "slow but fine") -> Behaviour:
     return Behaviour("slow", content=content, delay=delay)
+
+
+def gated(gate: asyncio.Event, then: Behaviour) -> Behaviour:
+    """``then``, answered only once the test sets ``gate``."""
+    return dataclasses.replace(then, gate=gate)
 
 
 def hang() -> Behaviour:
@@ -165,6 +172,8 @@ class FakeOpenAI:
             self._notify()
 
     async def _respond(self, request: web.Request, behaviour: Behaviour) -> web.StreamResponse:
+        if behaviour.gate is not None:
+            await behaviour.gate.wait()
         if behaviour.kind == "slow":
             await anyio.sleep(behaviour.delay)
         elif behaviour.kind == "hang":

@@ -57,9 +57,22 @@
     var state = document.getElementById("live-state");
     var source = new EventSource(live.getAttribute("data-events"));
     var seen = 0;
+    // Steps the page was rendered with: an event for one of them is not shown twice.
+    var shown = {};
+    steps.querySelectorAll("li[data-key]").forEach(function (li) {
+      var key = li.getAttribute("data-key");
+      shown[key] = (shown[key] || 0) + 1;
+    });
     source.addEventListener("progress", function (event) {
       var data = JSON.parse(event.data);
+      var key = data.attempt + ":" + data.step + ":" + data.kind;
+      if (shown[key]) {
+        shown[key] -= 1;
+        return;
+      }
       var item = document.createElement("li");
+      item.setAttribute("data-key", key);
+      item.className = "live-step";
       var kind = document.createElement("span");
       kind.className = "badge kind";
       kind.textContent = data.kind || "step";
@@ -79,6 +92,7 @@
       state.textContent = seen + (seen === 1 ? " step" : " steps") + " so far, live.";
       live.setAttribute("data-steps", String(seen));
     });
+    source.addEventListener("open", function () { window.__liveOpen = true; });
     source.addEventListener("gap", function () {
       var item = document.createElement("li");
       item.className = "muted";
