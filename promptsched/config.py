@@ -127,6 +127,8 @@ class Config:
     smtp_password: Secret | None = None
     smtp_tls: str = "starttls"
     smtp_from: str = "promptsched@localhost"
+    # The console's address as people reach it, for links in notifications (none: no links).
+    public_url: str | None = None
     allow_private_webhooks: bool = False  # deprecated: adds netguard.LEGACY_PRIVATE below
     # address guard (docs/notifications.md, docs/agents.md): non-public hosts/CIDRs let through
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
@@ -187,6 +189,11 @@ class Config:
             raise ConfigError("PROMPTSCHED_SMTP_PORT", "must be a port number")
         if "@" not in self.smtp_from or any(ch in self.smtp_from for ch in "\r\n<>"):
             raise ConfigError("PROMPTSCHED_SMTP_FROM", "must be an email address")
+        if self.public_url is not None and (
+            not self.public_url.startswith(("http://", "https://"))
+            or any(ch.isspace() for ch in self.public_url)
+        ):
+            raise ConfigError("PROMPTSCHED_PUBLIC_URL", "must be an http:// or https:// URL")
         if bool(self.smtp_username) != bool(self.smtp_password):
             raise ConfigError(
                 "PROMPTSCHED_SMTP_PASSWORD", "set both PROMPTSCHED_SMTP_USERNAME and the password"
@@ -350,6 +357,7 @@ _PARSERS: dict[str, Any] = {
     "smtp_password": lambda name, text: Secret(text),
     "smtp_tls": lambda name, text: text.lower(),
     "smtp_from": _str,
+    "public_url": _str,
     "allow_private_webhooks": _bool,
     "webhook_allow": _allowlist(netguard.WEBHOOK_ALLOW),
     "tools_allow": _allowlist(netguard.TOOLS_ALLOW),

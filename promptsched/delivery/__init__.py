@@ -35,6 +35,7 @@ class Notification:
     error: str | None
     finished_at: datetime | None
     webhook_secret: Secret | None = None
+    chat_url: Secret | None = None  # slack | discord: the incoming-webhook URL (a credential)
 
     @property
     def succeeded(self) -> bool:
@@ -57,6 +58,37 @@ class Notification:
         local = self.local_slot()
         clock = "%H:%M:%S" if local.second else "%H:%M"
         return f"{local.strftime(f'%Y-%m-%d {clock} %Z')} ({self.timezone})"
+
+
+def outcome_words(notification: Notification) -> str:
+    """How the run ended, as a headline says it."""
+    return {"succeeded": "succeeded", "paused": "PAUSED after repeated failures"}.get(
+        notification.event, "FAILED"
+    )
+
+
+def next_steps(notification: Notification) -> str | None:
+    """What the owner can do now (failure and pause messages), None for a success."""
+    n = notification
+    if n.event == "paused":
+        return (
+            "The schedule kept failing and has been paused: it will not run again until it is "
+            f"resumed. Fix the cause (the error below), then `promptsched schedules resume "
+            f"{n.schedule_id}` (or Resume in the console)."
+        )
+    if n.event == "dead":
+        return (
+            "The run failed and will not be retried. Fix the cause (the error below), then "
+            f"`promptsched runs replay {n.run_id}` to run it again (or Replay in the console)."
+        )
+    return None
+
+
+def run_link(public_url: str | None, notification: Notification) -> str | None:
+    """The run's page in the console (``PROMPTSCHED_PUBLIC_URL``), or None without one."""
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/runs/{notification.run_id}"
 
 
 def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:

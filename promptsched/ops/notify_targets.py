@@ -6,11 +6,17 @@ Stored shape (``schedules.notify``; ``{}`` means no notifications)::
 
     {"on_success": true, "on_failure": true,
      "email": ["ops@example.com"],
-     "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."}}
+     "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."},
+     "slack": {"url": "https://hooks.slack.com/services/..."},
+     "discord": {"url": "https://discord.com/api/webhooks/..."}}
+
+A chat channel's incoming-webhook URL is its credential: like the webhook secret it is never
+shown again once stored (``public`` masks it to scheme and host).
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import secrets
 import urllib.parse
@@ -24,13 +30,15 @@ MAX_EMAILS = 20
 MAX_URL = 2000
 SECRET_PREFIX = "whsec_"
 MIN_SECRET, MAX_SECRET = 16, 256
-KEYS = ("on_success", "on_failure", "email", "webhook")
+CHATS = ("slack", "discord")
+KEYS = ("on_success", "on_failure", "email", "webhook", *CHATS)
 _ADDRESS = re.compile(r"^[^@\s<>(),;:\"\\\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
 
 def new_secret() -> str:
-    """A fresh webhook signing secret (256 bits)."""
-    return SECRET_PREFIX + secrets.token_urlsafe(32)
+    """A fresh webhook signing secret (256 bits), in the Standard Webhooks form: ``whsec_``
+    and the key in base64, so a receiver hands it to a Standard Webhooks library as it is."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def _flag(raw: Mapping[str, Any], key: str) -> bool:
@@ -113,6 +121,33 @@ def _webhook(value: object, *, allow: netguard.Allowlist, current: object) -> di
     }
 
 
+def mask_url(url: str) -> str:
+    """``https://hooks.slack.com/…``: enough to recognise a chat target, not enough to post."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or '?'}/…"
+
+
+def _chat(
+    name: str, value: object, *, allow: netguard.Allowlist, current: object
+) -> dict[str, str]:
+    """A Slack or Discord incoming webhook: ``{"url": ...}`` or the URL itself. A value read
+    back from ``public`` (the masked URL, or ``url_set`` without a URL) keeps the stored one."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, Mapping):
+        raise ValidationError(
+            f"notify.{name}", "must be an object {url} or an incoming-webhook URL"
+        )
+    unknown = sorted(set(value) - {"url", "url_set"})
+    if unknown:
+        raise ValidationError(f"notify.{name}.{unknown[0]}", "unknown key (known: url)")
+    kept = current.get("url") if isinstance(current, Mapping) else None
+    url = value.get("url")
+    if isinstance(kept, str) and (url is None or url == mask_url(kept)):
+        return {"url": kept}
+    return {"url": validate_url(url, allow=allow, field=f"notify.{name}.url")}
+
+
 def validate_targets(
     raw: object, *, allow: netguard.Allowlist, current: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -125,7 +160,7 @@ def validate_targets(
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ValidationError("notify", "must be an object with email and/or webhook")
+        raise ValidationError("notify", "must be an object with email, webhook, slack or discord")
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise ValidationError(f"notify.{unknown[0]}", f"unknown key (known: {', '.join(KEYS)})")
@@ -139,12 +174,16 @@ def validate_targets(
         result["webhook"] = _webhook(
             raw["webhook"], allow=allow, current=(current or {}).get("webhook")
         )
+    for name in CHATS:
+        if raw.get(name) is not None:
+            result[name] = _chat(name, raw[name], allow=allow, current=(current or {}).get(name))
     return {**flags, **result} if result else {}
 
 
 def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> dict[str, Any]:
     """``notify`` as API responses show it: the webhook secret is replaced by ``secret_set``,
-    unless ``reveal_secret`` (only in the response that created or rotated it)."""
+    unless ``reveal_secret`` (only in the response that created or rotated it); chat webhook
+    URLs are always masked (``url_set``)."""
     view = dict(notify or {})
     webhook = view.get("webhook")
     if isinstance(webhook, Mapping):
@@ -153,4 +192,8 @@ def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> 
         if reveal_secret and webhook.get("secret"):
             hook["secret"] = webhook["secret"]
         view["webhook"] = hook
+    for name in CHATS:
+        chat = view.get(name)
+        if isinstance(chat, Mapping) and isinstance(chat.get("url"), str):
+            view[name] = {"url": mask_url(chat["url"]), "url_set": True}
     return view

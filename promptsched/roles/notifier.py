@@ -24,6 +24,7 @@ from anyio.abc import TaskStatus
 from promptsched.clock import Clock
 from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, Notification, Sender
+from promptsched.delivery.chat import DiscordSender, SlackSender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.domain import OutboxStatus, OwedNotification
@@ -46,9 +47,12 @@ _DEFAULTS = NotifierSettings()
 
 def build_senders(config: Config) -> dict[str, Sender]:
     timeout = config.notifier_timeout.total_seconds()
+    allow, public_url = config.webhook_allow, config.public_url
     return {
         "email": EmailSender(EmailSettings.from_config(config)),
-        "webhook": WebhookSender(allow=config.webhook_allow, timeout=timeout),
+        "webhook": WebhookSender(allow=allow, timeout=timeout),
+        "slack": SlackSender(allow=allow, timeout=timeout, public_url=public_url),
+        "discord": DiscordSender(allow=allow, timeout=timeout, public_url=public_url),
     }
 
 
@@ -87,6 +91,7 @@ def notification(row: OwedNotification) -> Notification:
         error=row.error,
         finished_at=row.finished_at,
         webhook_secret=Secret(secret) if secret else None,
+        chat_url=Secret(row.chat_url) if row.chat_url else None,
     )
 
 

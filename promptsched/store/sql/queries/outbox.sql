@@ -24,7 +24,8 @@ RETURNING o.id, o.run_id, o.channel, o.status, o.attempts;
 -- Lock up to $2 available notifications in claim-index order, skipping rows other notifiers
 -- hold, and mint a claim token for each; the ORDER BY matches outbox_claim_idx. The first
 -- claim stamps the configured maximum ($4) so the row shows the limit it lives under. The
--- webhook secret is read from the schedule now (it is never copied into the outbox).
+-- webhook secret, and a chat channel's URL (its credential), are read from the schedule now:
+-- they are never copied into the outbox.
 WITH candidates AS (
     SELECT id
     FROM outbox
@@ -46,6 +47,8 @@ WITH candidates AS (
 )
 SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
        s.notify -> 'webhook' ->> 'secret' AS webhook_secret,
+       CASE WHEN c.channel IN ('slack', 'discord') THEN s.notify -> c.channel ->> 'url'
+       END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
        r.finished_at
 FROM claimed c
