@@ -129,7 +129,8 @@ def scalar(value: Any) -> str:
     return json.dumps(value)
 
 
-def notify_words(notify: Mapping[str, Any] | None) -> str:
+def notify_words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
+    """The targets in words; a webhook secret shown once (or the file it came from)."""
     if not notify:
         return "none"
     events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
@@ -141,11 +142,17 @@ def notify_words(notify: Mapping[str, Any] | None) -> str:
     if isinstance(hook, Mapping):
         secret = hook.get("secret")
         signed = (
-            f"signed with secret {secret} (shown once)"
+            f"signed with the secret in {secret_from}"
+            if secret and secret_from
+            else f"signed with secret {secret} (shown once)"
             if secret
             else ("signed" if hook.get("secret_set") else "unsigned")
         )
         targets.append(f"webhook {hook.get('url')} ({signed})")
+    for key, label in (("slack", "Slack"), ("discord", "Discord")):
+        chat = notify.get(key)
+        if isinstance(chat, Mapping) and chat.get("url"):
+            targets.append(f"{label} {chat['url']}")  # masked by the API: the URL is a secret
     on = " and ".join(events) or "nothing"
     return f"{'; '.join(targets)} on {on}"
 
