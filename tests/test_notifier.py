@@ -155,7 +155,7 @@ async def test_one_successful_run_sends_one_email_and_one_webhook(
     assert mail.message_id == f"<promptsched-{rid}-succeeded-email@example.test>"
     subject = str(mail.message["Subject"])
     assert subject == "[promptsched] test succeeded (2026-03-02 10:00 CET (Europe/Paris))"
-    text = mail.message.get_body().get_content()  # type: ignore[union-attr]
+    text = mail.message.get_body(("plain",)).get_content()  # type: ignore[union-attr]
     assert "Slot:     2026-03-02 10:00 CET (Europe/Paris)" in text
     assert "echo: weekly report" in text
     [hook] = sink.requests
@@ -350,7 +350,7 @@ async def test_a_dead_run_notifies_its_error_only_when_on_failure_is_set(
     assert [(row["event"], row["status"]) for row in rows] == [("dead", "sent")] * 2
     [mail] = smtp.received
     assert "FAILED" in str(mail.message["Subject"])
-    text = mail.message.get_body().get_content()  # type: ignore[union-attr]
+    text = mail.message.get_body(("plain",)).get_content()  # type: ignore[union-attr]
     assert "echo: injected failure on attempt 1" in text
     [hook] = sink.requests
     assert (hook.json()["event"], hook.json()["error"]) == (
