@@ -11,6 +11,7 @@ from typing import Any
 
 from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
+from promptsched.ops import notify_targets
 from promptsched.schedule import fire_times, spec
 
 _US = timedelta(microseconds=1)
@@ -130,31 +131,8 @@ def scalar(value: Any) -> str:
 
 
 def notify_words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
-    """The targets in words; a webhook secret shown once (or the file it came from)."""
-    if not notify:
-        return "none"
-    events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
-              if notify.get(key, True)]  # fmt: skip
-    targets = []
-    if notify.get("email"):
-        targets.append("email " + ", ".join(notify["email"]))
-    hook = notify.get("webhook")
-    if isinstance(hook, Mapping):
-        secret = hook.get("secret")
-        signed = (
-            f"signed with the secret in {secret_from}"
-            if secret and secret_from
-            else f"signed with secret {secret} (shown once)"
-            if secret
-            else ("signed" if hook.get("secret_set") else "unsigned")
-        )
-        targets.append(f"webhook {hook.get('url')} ({signed})")
-    for key, label in (("slack", "Slack"), ("discord", "Discord")):
-        chat = notify.get(key)
-        if isinstance(chat, Mapping) and chat.get("url"):
-            targets.append(f"{label} {chat['url']}")  # masked by the API: the URL is a secret
-    on = " and ".join(events) or "nothing"
-    return f"{'; '.join(targets)} on {on}"
+    """The targets in words (``notify_targets.words``, shared with the console)."""
+    return notify_targets.words(notify, secret_from=secret_from)
 
 
 def schedule_line(data: Mapping[str, Any], now: datetime) -> str:

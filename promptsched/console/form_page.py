@@ -37,6 +37,7 @@ id="schedule-form">
 $notice<div class="form-columns">
 <div class="fields">
 $fields
+$notify
 </div>
 <aside class="preview card" id="preview" aria-live="polite">
 $preview
@@ -139,6 +140,7 @@ def form(
     version: int | None,
     error: ValidationError | None,
     notice: str | None,
+    notify: Markup | str = "",
 ) -> Markup:
     options = {**choices, "provider": providers}
     fields = join(_field(name, values[name], options.get(name), error) for name in LABELS)
@@ -151,6 +153,7 @@ def form(
         version=layout.hidden("version", str(version)) if version is not None else "",
         notice=top,
         fields=fields,
+        notify=notify,  # console/notify_form.py
         preview=preview,
         submit="Create schedule" if sid is None else "Save changes",
         cancel="/" if sid is None else f"/schedules/{sid}",

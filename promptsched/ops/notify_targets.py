@@ -197,3 +197,34 @@ def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> 
         if isinstance(chat, Mapping) and isinstance(chat.get("url"), str):
             view[name] = {"url": mask_url(chat["url"]), "url_set": True}
     return view
+
+
+def words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
+    """A ``public`` view of the targets in words, e.g. ``email ops@example.com; Slack
+    https://hooks.slack.com/… on success and failure``: the CLI and the console say it so. A
+    webhook secret present in the view (the one response that reveals it) is shown once, or
+    only named by the file it came from (``secret_from``)."""
+    if not notify:
+        return "none"
+    events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
+              if notify.get(key, True)]  # fmt: skip
+    targets = []
+    if notify.get("email"):
+        targets.append("email " + ", ".join(notify["email"]))
+    hook = notify.get("webhook")
+    if isinstance(hook, Mapping):
+        secret = hook.get("secret")
+        signed = (
+            f"signed with the secret in {secret_from}"
+            if secret and secret_from
+            else f"signed with secret {secret} (shown once)"
+            if secret
+            else ("signed" if hook.get("secret_set") else "unsigned")
+        )
+        targets.append(f"webhook {hook.get('url')} ({signed})")
+    for key, label in (("slack", "Slack"), ("discord", "Discord")):
+        chat = notify.get(key)
+        if isinstance(chat, Mapping) and chat.get("url"):
+            targets.append(f"{label} {chat['url']}")  # masked in a public view
+    on = " and ".join(events) or "nothing"
+    return f"{'; '.join(targets)} on {on}"
