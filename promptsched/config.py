@@ -75,6 +75,8 @@ class NotifierSettings:
     retry_max: timedelta = timedelta(hours=1)
     batch: int = 20
     max_sleep: timedelta = timedelta(seconds=5)
+    # Dropped ticks are told to owners as one digest per schedule and period (this long).
+    digest_period: timedelta = timedelta(hours=1)
     crash_after_send: bool = False  # the test hook (roles/notifier.py CRASH_AFTER_SEND_ENV)
 
 
@@ -140,6 +142,7 @@ class Config:
     notifier_timeout: timedelta = timedelta(seconds=30)
     notifier_batch: int = 20
     notifier_max_sleep: timedelta = timedelta(seconds=5)
+    digest_period: timedelta = timedelta(hours=1)
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
     providers_raw: Mapping[str, Any] = field(default_factory=dict)
@@ -200,6 +203,8 @@ class Config:
             )
         if not 1 <= self.notifier_max_attempts <= 100:
             raise ConfigError("PROMPTSCHED_NOTIFIER_MAX_ATTEMPTS", "must be between 1 and 100")
+        if not timedelta(minutes=1) <= self.digest_period <= timedelta(days=7):
+            raise ConfigError("PROMPTSCHED_DIGEST_PERIOD", "must be between 1m and 7d")
         if not 1 <= self.notifier_batch <= 1000:
             raise ConfigError("PROMPTSCHED_NOTIFIER_BATCH", "must be between 1 and 1000")
         if self.notifier_timeout <= timedelta(0) or self.notifier_timeout >= self.notifier_lease:
@@ -251,6 +256,7 @@ class Config:
             retry_max=self.notifier_retry_max,
             batch=self.notifier_batch,
             max_sleep=self.notifier_max_sleep,
+            digest_period=self.digest_period,
             crash_after_send=self.env.get(CRASH_AFTER_SEND_ENV) == "1",
         )
 
@@ -368,6 +374,7 @@ _PARSERS: dict[str, Any] = {
     "notifier_timeout": _duration,
     "notifier_batch": _int,
     "notifier_max_sleep": _duration,
+    "digest_period": _duration,
     "mcp_servers": _str,
 }
 

@@ -66,6 +66,7 @@ class OutboxEvent(StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     PAUSED = "paused"
+    DIGEST = "digest"  # the ticks a schedule dropped in a period
 
 
 class ChangeAction(StrEnum):
@@ -134,6 +135,7 @@ class OwedNotification:
     output: str | None
     error: str | None
     finished_at: datetime | None
+    details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from promptsched.delivery import (
     DeliveryError,
     Notification,
     dialects,
+    digest_lines,
     next_steps,
     outcome_words,
     run_link,
@@ -41,6 +42,8 @@ def _body_text(notification: Notification) -> str:
     n = notification
     if n.succeeded:
         return n.output or "(no output)"
+    if n.event == "digest":
+        return "\n".join([str(next_steps(n)), "", *digest_lines(n)])
     error = (n.error or "(no error recorded)").replace("```", "'''")
     return f"{next_steps(n)}\n\n```\n{error}\n```"
 

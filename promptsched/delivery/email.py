@@ -15,6 +15,7 @@ from promptsched.delivery import (
     DeliveryError,
     Notification,
     clip,
+    digest_lines,
     email_html,
     next_steps,
     outcome_words,
@@ -65,6 +66,8 @@ def _one_line(text: str) -> str:
 
 def subject(notification: Notification) -> str:
     name = _one_line(notification.schedule_name)[:150]
+    if notification.event == "digest":
+        return f"[promptsched] {name}: {outcome_words(notification)}"
     return f"[promptsched] {name} {outcome_words(notification)} ({notification.slot_text()})"
 
 
@@ -84,6 +87,8 @@ def body(notification: Notification, public_url: str | None = None) -> str:
     lines.append("")
     if n.succeeded:
         lines += ["Output:", "", clip(n.output or "")]
+    elif n.event == "digest":
+        lines += [str(next_steps(n)), "", *digest_lines(n)]
     else:
         lines += [str(next_steps(n)), "", "Last error:", "", clip(n.error or "(none recorded)")]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,13 @@ import html as htmllib
 import re
 
 from promptsched import markup
-from promptsched.delivery import Notification, next_steps, outcome_words, run_link
+from promptsched.delivery import (
+    Notification,
+    digest_lines,
+    next_steps,
+    outcome_words,
+    run_link,
+)
 
 # The Markdown source rendered at most; beyond it, the note and the link.
 MAX_SOURCE_CHARS = 60_000
@@ -72,6 +78,16 @@ def _link(href: str, text: str) -> str:
 
 
 def _content(n: Notification, link: str | None) -> str:
+    if n.event == "digest":
+        steps = f'<p style="{STYLES["p"]}">{_esc(next_steps(n) or "")}</p>'
+        first, *items = digest_lines(n)
+        rows = "".join(
+            f'<li style="{STYLES["li"]}">{_esc(i.removeprefix("- "))}</li>' for i in items
+        )
+        return (
+            steps
+            + f'<p style="{STYLES["p"]}">{_esc(first)}</p><ul style="{STYLES["ul"]}">{rows}</ul>'
+        )
     if not n.succeeded:
         steps = f'<p style="{STYLES["p"]}">{_esc(next_steps(n) or "")}</p>'
         error, clipped = clip_source(n.error or "(no error recorded)")

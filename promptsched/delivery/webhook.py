@@ -37,7 +37,7 @@ def payload(notification: Notification) -> dict[str, Any]:
         "schedule": {"id": n.schedule_id, "name": n.schedule_name, "timezone": n.timezone},
         "run": {
             "id": n.run_id,
-            "status": "dead" if n.event == "paused" else n.event,
+            "status": {"paused": "dead", "digest": "skipped"}.get(n.event, n.event),
             "slot": n.slot.astimezone(UTC).isoformat(),
             "slot_local": n.local_slot().isoformat(),
             "origin": n.origin,
@@ -45,7 +45,9 @@ def payload(notification: Notification) -> dict[str, Any]:
             "finished_at": n.finished_at.astimezone(UTC).isoformat() if n.finished_at else None,
         },
         "output": clip(n.output) if n.succeeded and n.output is not None else None,
-        "error": None if n.succeeded else clip(n.error or ""),
+        "error": None if n.succeeded or n.event == "digest" else clip(n.error or ""),
+        # schedule.digest: {"dropped": {reason: slots}, "total", "period_start", "period_end"}
+        **({"digest": n.details} if n.event == "digest" else {}),
     }
 
 

@@ -56,6 +56,8 @@ def build_senders(config: Config) -> dict[str, Sender]:
     }
 
 
+DIGEST_CHECK_SECONDS = 60.0
+
 # The name each settled status is counted and logged under.
 _OUTCOME_NAMES = {
     OutboxStatus.SENT: "sent",
@@ -92,6 +94,7 @@ def notification(row: OwedNotification) -> Notification:
         finished_at=row.finished_at,
         webhook_secret=Secret(secret) if secret else None,
         chat_url=Secret(row.chat_url) if row.chat_url else None,
+        details=row.details,
     )
 
 
@@ -110,15 +113,24 @@ class Notifier:
         self.senders = dict(senders)
         self.settings = settings
         self.wakeup = Wakeup()
+        self._next_digest_check = 0.0
 
     def notify(self, _payload: str | None = None) -> None:
         """Notifications were owed (a run finished, a replay): look now."""
         self.wakeup.set()
 
-    async def run_once(self) -> Counter[str]:
-        """Drain mode: take back expired claims, then send everything available now.
-        Returns counts by outcome (sent, retry, dead, lost, fenced, released)."""
+    async def run_once(self, *, digests: bool = True) -> Counter[str]:
+        """Drain mode: take back expired claims, owe the digests of dropped ticks of the last
+        whole period (``digests``), then send everything available now. Returns counts by
+        outcome (sent, retry, dead, lost, fenced, released; digests_owed)."""
         counts = await self._reclaim()
+        if digests:
+            owed = await queries.outbox_owe_digests(
+                self.pool, self.clock.sql_now(), self.settings.digest_period
+            )
+            if owed:
+                counts["digests_owed"] += owed
+                log.info("notification.digests_owed", owed=owed)
         while True:
             rows = await queries.outbox_claim_batch(
                 self.pool,
@@ -261,7 +273,13 @@ class Notifier:
         return name
 
     async def _tick(self) -> float:
-        await self.run_once()
+        # Owing digests reads a period of finished runs: at most once a minute per replica
+        # (the idempotency key makes a repeat, here or on another replica, change nothing).
+        now = anyio.current_time()
+        due = now >= self._next_digest_check
+        if due:
+            self._next_digest_check = now + DIGEST_CHECK_SECONDS
+        await self.run_once(digests=due)
         ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
         cap = self.settings.max_sleep.total_seconds()
         # A claim that expires wakes us just after, to take it back.

@@ -553,6 +553,12 @@ async def outbox_claim_batch(
     ]
 
 
+async def outbox_owe_digests(db: DB, now: datetime | None, period: timedelta) -> int:
+    """Owe the digests of the last whole period; how many outbox rows that wrote."""
+    owed: int = await db.fetchval(_Q["outbox_owe_digests"], now, period)
+    return owed
+
+
 async def outbox_settle_many(
     db: DB,
     now: datetime | None,

@@ -37,3 +37,12 @@ CROSS JOIN LATERAL (VALUES
               substring(s.notify -> 'discord' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END)
 ) AS c (channel, target)
 WHERE c.target IS NOT NULL;
+
+-- What owners lose: a digest of the ticks a schedule dropped in a period (overlap, misfire,
+-- catch-up window, budget, ...), owed at most once per schedule, period and channel (its
+-- idempotency key names the period). `details` holds what the message says, fixed when owed,
+-- so a re-send says the same.
+ALTER TABLE outbox ADD COLUMN details jsonb;
+ALTER TABLE outbox DROP CONSTRAINT outbox_event_check;
+ALTER TABLE outbox ADD CONSTRAINT outbox_event_check
+    CHECK (event IN ('succeeded', 'dead', 'paused', 'digest'));
