@@ -48,6 +48,11 @@ def _discord_escape(text: str) -> str:
     return _DISCORD_SPECIAL.sub(r"\\\1", text)
 
 
+def _discord_href(href: str) -> str:
+    # Inside <...>, only '>' (and a line break, which a parsed link cannot hold) ends it.
+    return href.replace(">", "%3E").replace("<", "%3C")
+
+
 def _discord_code(text: str) -> str:
     # A literal ``` inside a code block would close it early.
     return text.replace(FENCE, "`\u200b``")
@@ -69,7 +74,7 @@ DISCORD = Dialect(
     em="*",
     strike="~~",
     escape=_discord_escape,
-    link=lambda href, text: f"[{text or href}](<{href}>)",
+    link=lambda href, text: f"[{text or href}](<{_discord_href(href)}>)",
     heading=lambda text, level: f"{'#' * min(level, 3)} {text}",
     code_escape=_discord_code,
 )
