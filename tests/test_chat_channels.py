@@ -248,6 +248,10 @@ async def test_a_crash_between_send_and_mark_resends_the_same_chat_messages_once
         keys = {r.headers["Idempotency-Key"] for r in got}
         assert keys == {f"promptsched-{rid}-succeeded-{channel}"}
     assert sorted(row["channel"] for row in await outbox(pool, rid)) == ["discord", "slack"]
+    # The URLs are credentials: no log line of either process shows one.
+    logs = [(tmp_path / name).read_text() for name in ("first.log", "second.log")]
+    assert "notification.sent" in logs[1]  # the re-send was logged, with no URL in it
+    assert not any("secret-token" in log for log in logs)
 
 
 async def _deliveries(sink: HttpSink, secret: str) -> None:
