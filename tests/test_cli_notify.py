@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from promptsched.ops import notify_targets
 from tests.test_cli_remote import Cli, _sql, _token, api_service, run_cli  # noqa: F401
 
 SLACK = "https://hooks.slack.com/services/T000/B000/SLACKSECRET"
@@ -37,7 +38,8 @@ def test_add_and_edit_every_target_kind_remote_and_direct(
     # The generated secret is printed once, in words; the chat URLs never are.
     assert f"signed with secret {secret} (shown once)" in out
     assert "email ops@example.com, me@example.com" in out
-    assert "Slack https://hooks.slack.com/…; Discord https://discord.com/… on failure" in out
+    slack, discord = notify_targets.mask_url(SLACK), notify_targets.mask_url(DISCORD)
+    assert f"Slack {slack}; Discord {discord} on failure" in out
     assert "SLACKSECRET" not in out and "DISCORDSECRET" not in out
     assert stored["slack"] == {"url": SLACK} and stored["discord"] == {"url": DISCORD}
     assert (stored["on_success"], stored["on_failure"]) == (False, True)
@@ -63,6 +65,12 @@ def test_add_and_edit_every_target_kind_remote_and_direct(
     }
     assert stored["discord"] == {"url": new_discord} and stored["slack"] == {"url": SLACK}
     assert stored["email"] == ["ops@example.com", "me@example.com"]
+    # The history shows the Discord hook changed (by its fingerprint), never the URL itself.
+    [change, *_] = run_cli.json("schedules", "history", str(sid))
+    before, after = change["changes"]["notify"]
+    assert before["discord"]["url"] == notify_targets.mask_url(DISCORD)
+    assert after["discord"]["url"] == notify_targets.mask_url(new_discord)
+    assert "SECRET" not in json.dumps(change)
 
     # Bad input names the flag or field and changes nothing.
     before = stored_notify(dsn, sid)

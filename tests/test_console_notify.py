@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from promptsched.ops import notify_targets
 from promptsched.web import auth
 from tests.browser_support import chromium, screenshot, wait
 from tests.test_console_browser import _by, base, fill_form, login, see, text  # noqa: F401
@@ -53,7 +54,8 @@ async def test_set_email_and_slack_in_the_form_described_in_words_never_shown_ag
     browser.find_element(*_by("input[name=notify_on_success]")).click()  # failures only
     browser.find_element(*_by("button[value=save]")).click()
     see(browser, "Schedule created.")
-    words = "email ops@example.com, lead@example.com; Slack https://hooks.slack.com/… on failure"
+    masked = notify_targets.mask_url(SLACK)
+    words = f"email ops@example.com, lead@example.com; Slack {masked} on failure"
     see(browser, words)
     never_shows_a_credential(browser, "SLACKSECRET")
     screenshot(browser, "notify-schedule")
@@ -66,7 +68,7 @@ async def test_set_email_and_slack_in_the_form_described_in_words_never_shown_ag
     browser.get(f"{schedule_url}/edit")
     see(browser, words, "#notify-words")
     state = text(browser, "#notify-slack-state")
-    assert state.startswith("set: https://hooks.slack.com/…")
+    assert state.startswith(f"set: {masked}")
     assert browser.find_element(*_by("#f-notify_slack")).get_attribute("value") == ""
     never_shows_a_credential(browser, "SLACKSECRET")
     screenshot(browser, "notify-edit-form")

@@ -2,7 +2,7 @@
 makes for ``notify_targets.validate_targets``.
 
 Credentials are write-only: the webhook secret and the Slack and Discord incoming-webhook URLs
-are never put back into the page. A stored one is described ("set: https://hooks.slack.com/…")
+are never put back into the page. A stored one is described ("set: https://hooks.slack.com/…#1a2b3c")
 and kept while its field is left empty; typing a new value replaces it, ticking Remove drops
 it. A webhook secret promptsched generates is shown once, on the page that answers the save.
 """

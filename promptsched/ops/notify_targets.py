@@ -17,6 +17,7 @@ shown again once stored (``public`` masks it to scheme and host).
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import secrets
 import urllib.parse
@@ -122,9 +123,12 @@ def _webhook(value: object, *, allow: netguard.Allowlist, current: object) -> di
 
 
 def mask_url(url: str) -> str:
-    """``https://hooks.slack.com/…``: enough to recognise a chat target, not enough to post."""
+    """``https://hooks.slack.com/…#1a2b3c``: the host and a short fingerprint (of the whole
+    URL), enough to recognise a chat target and to see it change (in the schedule's history),
+    never enough to post."""
     parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or '?'}/…"
+    fingerprint = hashlib.sha256(url.encode()).hexdigest()[:6]
+    return f"{parts.scheme}://{parts.hostname or '?'}/…#{fingerprint}"
 
 
 def _chat(
