@@ -137,6 +137,22 @@ def test_failure_messages_say_what_to_do_next() -> None:
     assert "PAUSED" in embed["title"] and "promptsched schedules resume 7" in embed["description"]
 
 
+def test_a_digest_lists_the_dropped_slots_by_reason() -> None:
+    details = {"dropped": {"overlap": 30, "budget": 1}, "total": 31,
+               "period_start": "2026-03-02T09:00:00+00:00",
+               "period_end": "2026-03-02T10:00:00+00:00"}  # fmt: skip
+    digest = note("slack", "http://x", event="digest", output=None, details=details)
+    slack = slack_payload(digest, None)
+    slack_limits_hold(slack)
+    body = "\n".join(b["text"]["text"] for b in slack["blocks"])
+    assert "DROPPED 31 ticks" in body and "promptsched schedules edit 7" in body
+    assert "Between 2026-03-02 10:00 CET and 2026-03-02 11:00 CET (Europe/Paris):" in body
+    assert "• overlap: 30 slots" in body and "• budget: 1 slot (the budget was used up)" in body
+    embed = discord_payload(digest, None)["embeds"][0]
+    assert embed["title"] == "daily <digest> & co DROPPED 31 ticks"
+    assert "overlap: 30 slots" in embed["description"]
+
+
 def test_chat_targets_validate_and_never_show_their_url() -> None:
     url = "https://hooks.slack.com/services/T000/B000/XXXXSECRET"
     notify = notify_targets.validate_targets(
