@@ -115,6 +115,7 @@ def test_long_outputs_are_split_within_each_limit_and_clipped_with_a_link() -> N
     assert "<https://console.example.com/runs/42|" in context["elements"][0]["text"]
     assert "<https://console.example.com/runs/42|run #42>" in sections[0]
     assert "daily &lt;digest&gt; &amp; co" in sections[0]
+    assert slack["text"] == "daily &lt;digest&gt; &amp; co succeeded"
 
     discord = discord_payload(note("discord", "http://x", output=LONG), PUBLIC)
     discord_limits_hold(discord)

@@ -86,7 +86,8 @@ async def test_fifty_dropped_ticks_in_a_period_send_one_digest_by_reason(
         # However often any notifier looks again in this period, nothing more is owed.
         for _ in range(3):
             assert await notifier.run_once() == {}
-        assert await queries.outbox_owe_digests(pool, clock.sql_now(), HOUR) == 0
+        again = await queries.outbox_owe_digests(pool, clock.sql_now(), HOUR)
+        assert again["owed"] == 0 and again["seconds_to_next"] == 58 * 60  # the next period
     finally:
         await notifier.aclose()
 
@@ -119,5 +120,5 @@ async def test_a_schedule_that_dropped_nothing_or_notifies_nobody_owes_no_digest
     for sid in (only_success, silent):
         await dropped_row(pool, sid, at, "skipped", "overlap", 0)
     await dropped_row(pool, quiet, at, "succeeded", None, 0)
-    assert await queries.outbox_owe_digests(pool, PERIOD_START + HOUR, HOUR) == 0
+    assert (await queries.outbox_owe_digests(pool, PERIOD_START + HOUR, HOUR))["owed"] == 0
     assert await outbox(pool) == []

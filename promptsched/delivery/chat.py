@@ -73,7 +73,8 @@ def slack_payload(notification: Notification, public_url: str | None) -> dict[st
     if clipped:
         note = _clip_note(link, dialects.SLACK)
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": note}]})
-    return {"text": f"{' '.join(n.schedule_name.split())} {outcome_words(n)}", "blocks": blocks}
+    # The fallback (notifications, screen readers) is mrkdwn too: escaped like the rest.
+    return {"text": f"{name} {outcome_words(n)}", "blocks": blocks}
 
 
 def discord_payload(notification: Notification, public_url: str | None) -> dict[str, Any]:

@@ -56,7 +56,9 @@ def build_senders(config: Config) -> dict[str, Sender]:
     }
 
 
-DIGEST_CHECK_SECONDS = 60.0
+# Owed digests are looked for once after each period ends, and at least this often: a long
+# period is not trusted to a monotonic wait of hours (a suspended machine, a clock step).
+DIGEST_CHECK_SECONDS = 600.0
 
 # The name each settled status is counted and logged under.
 _OUTCOME_NAMES = {
@@ -125,12 +127,15 @@ class Notifier:
         outcome (sent, retry, dead, lost, fenced, released; digests_owed)."""
         counts = await self._reclaim()
         if digests:
-            owed = await queries.outbox_owe_digests(
+            result = await queries.outbox_owe_digests(
                 self.pool, self.clock.sql_now(), self.settings.digest_period
             )
-            if owed:
-                counts["digests_owed"] += owed
-                log.info("notification.digests_owed", owed=owed)
+            # Nothing new to owe before the next period ends (on the database's clock).
+            wait = min(max(1.0, result["seconds_to_next"]), DIGEST_CHECK_SECONDS)
+            self._next_digest_check = anyio.current_time() + wait
+            if result["owed"]:
+                counts["digests_owed"] += result["owed"]
+                log.info("notification.digests_owed", owed=result["owed"])
         while True:
             rows = await queries.outbox_claim_batch(
                 self.pool,
@@ -273,13 +278,9 @@ class Notifier:
         return name
 
     async def _tick(self) -> float:
-        # Owing digests reads a period of finished runs: at most once a minute per replica
-        # (the idempotency key makes a repeat, here or on another replica, change nothing).
-        now = anyio.current_time()
-        due = now >= self._next_digest_check
-        if due:
-            self._next_digest_check = now + DIGEST_CHECK_SECONDS
-        await self.run_once(digests=due)
+        # Owing digests reads a period of finished runs: once per replica after each period
+        # ends (the idempotency key makes a repeat, here or on another replica, change nothing).
+        await self.run_once(digests=anyio.current_time() >= self._next_digest_check)
         ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
         cap = self.settings.max_sleep.total_seconds()
         # A claim that expires wakes us just after, to take it back.

@@ -141,7 +141,8 @@ FROM replayed r;
 -- into it (reason misfire); a tick skipped because the schedule was paused is not a loss. Rows
 -- are counted in the period of their finished_at (a skipped row is finished when it is
 -- written), found through runs_finished_idx. The key names the period, so every replica may
--- run this as often as it likes: the first one owes, the others change nothing.
+-- run this as often as it likes: the first one owes, the others change nothing. Also returns
+-- the seconds until the next period ends, when there is something new to owe.
 WITH bounds AS (
     SELECT to_timestamp(floor(extract(epoch FROM coalesce($1::timestamptz, now()))
                               / extract(epoch FROM $2::interval))
@@ -182,4 +183,7 @@ WITH bounds AS (
 ), woke AS (
     SELECT pg_notify('promptsched_outbox', 'digest') FROM (SELECT 1 FROM owed LIMIT 1) o
 )
-SELECT (SELECT count(*) FROM owed)::int AS owed, (SELECT count(*) FROM woke)::int AS woken;
+SELECT (SELECT count(*) FROM owed)::int AS owed, (SELECT count(*) FROM woke)::int AS woken,
+       extract(epoch FROM (b.period_end + $2::interval - coalesce($1::timestamptz, now())))::float8
+           AS seconds_to_next
+FROM bounds b;
