@@ -127,7 +127,7 @@ class OwedNotification:
     owner: str
     timezone: str
     webhook_secret: str | None
-    chat_url: str | None  # slack | discord: the incoming-webhook URL, read from the schedule
+    chat_url: str | None  # slack | discord | ntfy: the URL (a credential), read from the schedule
     slot: datetime
     origin: RunOrigin
     run_status: RunStatus

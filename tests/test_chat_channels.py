@@ -22,8 +22,10 @@ from promptsched.delivery.chat import (
     DISCORD_DESCRIPTION,
     SLACK_SECTION,
     DiscordSender,
+    NtfySender,
     SlackSender,
     discord_payload,
+    ntfy_message,
     slack_payload,
 )
 from promptsched.delivery.webhook import WebhookSender, standard_secret
@@ -129,6 +131,20 @@ def test_long_outputs_are_split_within_each_limit_and_clipped_with_a_link() -> N
     assert short["blocks"][1]["text"]["text"] == "*done*"
 
 
+def test_an_ntfy_push_fits_its_limit_and_encodes_its_title() -> None:
+    wide = "Größe " * 2000 + "\n" + "ü" * 5000  # two bytes a character: bytes, not characters
+    body, headers = ntfy_message(
+        note("ntfy", "http://x", output=wide, schedule_name="Bücher"), PUBLIC
+    )
+    assert len(body) <= 4096
+    assert body.decode().endswith("(<https://console.example.com/runs/42>))")
+    assert headers["Title"].startswith("=?utf-8?")  # RFC 2047, which ntfy decodes
+    dead = note("ntfy", "http://x", event="dead", output=None, error="boom")
+    body, headers = ntfy_message(dead, None)
+    assert headers["Priority"] == "4" and headers["Tags"] == "x" and "Click" not in headers
+    assert b"promptsched runs replay 42" in body and b"boom" in body
+
+
 def test_failure_messages_say_what_to_do_next() -> None:
     dead = note("slack", "http://x", event="dead", output=None, error="HTTP 401: bad key")
     text = json.dumps(slack_payload(dead, None))
@@ -175,50 +191,60 @@ def test_chat_targets_validate_and_never_show_their_url() -> None:
     assert caught.value.field == "notify.slack.channel"
 
 
-async def chat_schedule(pool: asyncpg.Pool[Any], sink: HttpSink, **schedule: Any) -> int:
+async def chat_schedule(
+    pool: asyncpg.Pool[Any], sink: HttpSink, *, ntfy: bool = False, **schedule: Any
+) -> int:
     sid = await factories.schedule(pool, **schedule)
     raw = {"slack": {"url": sink.base_url + "/slack/T1/B2/secret-token"},
            "discord": sink.base_url + "/discord/123/secret-token"}  # fmt: skip
+    if ntfy:
+        raw["ntfy"] = sink.base_url + "/ntfy/secret-token-topic"
     notify = notify_targets.validate_targets(raw, allow=LOOPBACK)
     await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", sid, notify)
     return sid
 
 
-async def test_a_finished_run_posts_once_to_slack_and_once_to_discord(
+async def test_a_finished_run_posts_once_to_slack_discord_and_ntfy(
     pool: asyncpg.Pool[Any], sink: HttpSink
 ) -> None:
     clock = FrozenClock(EPOCH)
-    sid = await chat_schedule(pool, sink, prompt=LONG)
+    sid = await chat_schedule(pool, sink, prompt=LONG, ntfy=True)
     rid = await factories.pending_run(pool, sid)
     await factories.worker_pool(pool, clock).run_once()
     # The outbox never holds the URL (it is the credential), only its host.
     rows = await outbox(pool, rid)
     assert sorted((r["channel"], r["target"]) for r in rows) == [
         ("discord", {"host": "127.0.0.1"}),
+        ("ntfy", {"host": "127.0.0.1"}),
         ("slack", {"host": "127.0.0.1"}),
     ]
     assert "secret-token" not in json.dumps([dict(r) for r in rows], default=str)
     notifier = Notifier(
         pool, clock, Metrics(),
         {"slack": SlackSender(allow=LOOPBACK, timeout=5, public_url=PUBLIC),
-         "discord": DiscordSender(allow=LOOPBACK, timeout=5, public_url=PUBLIC)},
+         "discord": DiscordSender(allow=LOOPBACK, timeout=5, public_url=PUBLIC),
+         "ntfy": NtfySender(allow=LOOPBACK, timeout=5, public_url=PUBLIC)},
         NotifierSettings(timeout=timedelta(seconds=5), max_attempts=3),
     )  # fmt: skip
     try:
         counts = await notifier.run_once()
-        assert counts["sent"] == 2
+        assert counts["sent"] == 3
         assert await notifier.run_once() == {}
     finally:
         await notifier.aclose()
     by_path = {r.path.split("/")[1]: r for r in sink.requests}
-    assert len(sink.requests) == 2 and set(by_path) == {"slack", "discord"}
+    assert len(sink.requests) == 3 and set(by_path) == {"slack", "discord", "ntfy"}
     slack, discord = by_path["slack"].json(), by_path["discord"].json()
     slack_limits_hold(slack)
     discord_limits_hold(discord)
     assert f"run #{rid}" in slack["blocks"][0]["text"]["text"]
     assert by_path["slack"].headers["Idempotency-Key"] == f"promptsched-{rid}-succeeded-slack"
     assert by_path["discord"].headers["Idempotency-Key"] == f"promptsched-{rid}-succeeded-discord"
-    assert [r["status"] for r in await outbox(pool, rid)] == ["sent", "sent"]
+    assert [r["status"] for r in await outbox(pool, rid)] == ["sent"] * 3
+    pushed = by_path["ntfy"]
+    assert pushed.headers["Markdown"] == "yes" and pushed.headers["Title"] == "test succeeded"
+    assert pushed.headers["Click"] == f"https://console.example.com/runs/{rid}"
+    assert len(pushed.body) <= 4096 and "clipped" in pushed.body.decode()
     # The schedule as the API shows it: the URLs masked.
     shown = views.schedule_json(await queries.schedule_get(pool, sid, None))
     assert shown["notify"]["slack"]["url"].startswith("http://127.0.0.1/…#")

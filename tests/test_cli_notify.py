@@ -12,6 +12,7 @@ from tests.test_cli_remote import Cli, _sql, _token, api_service, run_cli  # noq
 
 SLACK = "https://hooks.slack.com/services/T000/B000/SLACKSECRET"
 DISCORD = "https://discord.com/api/webhooks/1/DISCORDSECRET"
+NTFY = "https://ntfy.sh/NTFYSECRET-topic"
 ADD = ("schedules", "add", "--name", "digest", "--cron", "0 9 * * 1", "--prompt", "p")
 
 
@@ -29,7 +30,7 @@ def test_add_and_edit_every_target_kind_remote_and_direct(
     code, out, err = run_cli(
         *ADD, "--email", "ops@example.com", "--email", "me@example.com",
         "--webhook", "https://hooks.example.com/in", "--slack", SLACK, "--discord", DISCORD,
-        "--notify-on", "failure", token=alice,
+        "--ntfy", NTFY, "--notify-on", "failure", token=alice,
     )  # fmt: skip
     assert code == 0, err
     sid = int(out.split()[2])
@@ -39,8 +40,10 @@ def test_add_and_edit_every_target_kind_remote_and_direct(
     assert f"signed with secret {secret} (shown once)" in out
     assert "email ops@example.com, me@example.com" in out
     slack, discord = notify_targets.mask_url(SLACK), notify_targets.mask_url(DISCORD)
-    assert f"Slack {slack}; Discord {discord} on failure" in out
-    assert "SLACKSECRET" not in out and "DISCORDSECRET" not in out
+    ntfy = notify_targets.mask_url(NTFY)
+    assert f"Slack {slack}; Discord {discord}; ntfy {ntfy} on failure" in out
+    assert "SLACKSECRET" not in out and "DISCORDSECRET" not in out and "NTFYSECRET" not in out
+    assert stored_notify(dsn, sid)["ntfy"] == {"url": NTFY}
     assert stored["slack"] == {"url": SLACK} and stored["discord"] == {"url": DISCORD}
     assert (stored["on_success"], stored["on_failure"]) == (False, True)
     shown = run_cli.json("schedules", "show", str(sid), token=alice)

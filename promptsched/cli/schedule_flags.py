@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from promptsched.errors import ValidationError
-from promptsched.ops import inputs
+from promptsched.ops import inputs, notify_targets
 
 # flag dest -> API field, for the flags `add` and `edit` share
 FIELDS = {
@@ -32,7 +32,7 @@ def params(pairs: list[str]) -> dict[str, str]:
     return found
 
 
-NOTIFY_FLAGS = ("email", "webhook", "webhook_secret_file", "slack", "discord", "notify_on")
+NOTIFY_FLAGS = ("email", "webhook", "webhook_secret_file", *notify_targets.CHATS, "notify_on")
 
 
 def notify_flags_given(args: argparse.Namespace) -> bool:
@@ -82,7 +82,7 @@ def notify(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] 
     hook = _webhook(args, current)
     if hook is not None:
         result["webhook"] = hook
-    for chat in ("slack", "discord"):
+    for chat in notify_targets.CHATS:
         if getattr(args, chat):
             result[chat] = {"url": getattr(args, chat)}
     if args.notify_on:
@@ -155,6 +155,7 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     )
     cmd.add_argument("--slack", metavar="URL", help="notify a Slack incoming webhook")
     cmd.add_argument("--discord", metavar="URL", help="notify a Discord webhook")
+    cmd.add_argument("--ntfy", metavar="URL", help="notify an ntfy topic (https://ntfy.sh/TOPIC)")
     cmd.add_argument("--notify-on", metavar="EVENTS", help="success,failure (default: both)")
     cmd.add_argument("--no-notify", action="store_true", help="no notifications")
     cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")

@@ -16,10 +16,12 @@ from promptsched.console.html import Markup, Template, attrs, join
 from promptsched.errors import ValidationError
 from promptsched.ops import notify_targets
 
-CHATS = (("slack", "Slack incoming webhook"), ("discord", "Discord webhook"))
+CHATS = (("slack", "Slack incoming webhook"), ("discord", "Discord webhook"),
+         ("ntfy", "ntfy topic"))  # fmt: skip
 FIELDS = (
-    "notify_email", "notify_webhook", "notify_webhook_secret", "notify_slack", "notify_discord",
-    "notify_remove_slack", "notify_remove_discord", "notify_on_success", "notify_on_failure",
+    "notify_email", "notify_webhook", "notify_webhook_secret",
+    *(f"notify_{name}" for name, _ in CHATS), *(f"notify_remove_{name}" for name, _ in CHATS),
+    "notify_on_success", "notify_on_failure",
 )  # fmt: skip
 # What the section shows for a new schedule: nobody notified, both events ticked.
 DEFAULTS = {"notify_on_success": "on", "notify_on_failure": "on"}
@@ -69,10 +71,8 @@ def values_of(stored: Mapping[str, Any] | None) -> dict[str, str]:
         "notify_email": ", ".join(notify.get("email") or []),
         "notify_webhook": str(hook.get("url") or "") if isinstance(hook, Mapping) else "",
         "notify_webhook_secret": "",
-        "notify_slack": "",
-        "notify_discord": "",
-        "notify_remove_slack": "",
-        "notify_remove_discord": "",
+        **{f"notify_{name}": "" for name, _ in CHATS},
+        **{f"notify_remove_{name}": "" for name, _ in CHATS},
         "notify_on_success": "on" if notify.get("on_success", True) else "",
         "notify_on_failure": "on" if notify.get("on_failure", True) else "",
     }

@@ -37,7 +37,7 @@ class Notification:
     error: str | None
     finished_at: datetime | None
     webhook_secret: Secret | None = None
-    chat_url: Secret | None = None  # slack | discord: the incoming-webhook URL (a credential)
+    chat_url: Secret | None = None  # slack | discord | ntfy: the URL (a credential)
     details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
 
     @property

@@ -1,18 +1,22 @@
-"""The chat channels: a Slack or Discord incoming-webhook message per owed notification, in the
-service's own payload shape and Markdown dialect, cut to its documented length limits (split
-into blocks or embeds, then clipped with a link to the run), through the guarded HTTP path of
-the webhook channel. The incoming-webhook URL is the credential: it never shows in an error.
+"""The chat channels: a Slack or Discord incoming-webhook message, or an ntfy push, per owed
+notification, in the service's own payload shape and Markdown dialect, cut to its documented
+length limits (split into blocks or embeds, then clipped with a link to the run), through the
+guarded HTTP path of the webhook channel. The URL is the credential: it never shows in an
+error.
 
 Limits used (from the services' documentation):
 - Slack: a ``section`` block's text at most 3,000 characters, at most 50 blocks, the top-level
   ``text`` (the notification's fallback) best under 4,000.
 - Discord: ``content`` at most 2,000 characters; an embed's description at most 4,096, its
   title 256, all embeds of a message together 6,000, at most 10 embeds.
+- ntfy: a message body up to 4,096 bytes (a longer one becomes an attachment, or is refused
+  where attachments are off), so the body is kept under it.
 """
 
 from __future__ import annotations
 
 import json
+from email.header import Header
 from typing import Any
 
 from promptsched import netguard
@@ -35,6 +39,7 @@ SLACK_OUTPUT_TOTAL = 12_000  # four sections of output, then a link
 DISCORD_DESCRIPTION = 4096
 DISCORD_OUTPUT_TOTAL = 5_000  # of the 6,000 all embeds may hold, leaving room for the rest
 DISCORD_TITLE = 256
+NTFY_BODY_BYTES = 3900  # under ntfy's 4,096-byte message limit, with room for the clip note
 
 
 def _body_text(notification: Notification) -> str:
@@ -103,6 +108,40 @@ def discord_payload(notification: Notification, public_url: str | None) -> dict[
     }
 
 
+def _header(text: str) -> str:
+    """A header value: ASCII as it is, anything else RFC 2047-encoded (ntfy decodes it)."""
+    text = " ".join(text.split())
+    return text if text.isascii() else Header(text, "utf-8").encode()
+
+
+def ntfy_message(
+    notification: Notification, public_url: str | None
+) -> tuple[bytes, dict[str, str]]:
+    """The body (Markdown, which ntfy renders) and headers of an ntfy publish."""
+    n = notification
+    link = run_link(public_url, n)
+    text = _body_text(n)
+    limit = NTFY_BODY_BYTES
+    while True:  # characters are up to 4 bytes: shrink until the bytes fit
+        pieces, clipped = dialects.split(text, limit, total=limit)
+        body = (pieces[0] if pieces else "") + (
+            "\n\n" + _clip_note(link, dialects.NTFY) if clipped else ""
+        )
+        if len(body.encode()) <= NTFY_BODY_BYTES + 200 or limit < 200:
+            break
+        limit = limit * NTFY_BODY_BYTES // len(body.encode()) - 50
+    tags = {"succeeded": "white_check_mark", "paused": "pause_button", "digest": "warning"}
+    headers = {
+        "Title": _header(f"{n.schedule_name} {outcome_words(n)}"[:200]),
+        "Tags": tags.get(n.event, "x"),
+        "Priority": "3" if n.succeeded else "4",
+        "Markdown": "yes",
+    }
+    if link:
+        headers["Click"] = link
+    return (body or outcome_words(n)).encode(), headers
+
+
 class _ChatSender:
     channel = ""
 
@@ -115,6 +154,11 @@ class _ChatSender:
     def payload(self, notification: Notification) -> dict[str, Any]:
         raise NotImplementedError
 
+    def message(self, notification: Notification) -> tuple[bytes, dict[str, str]]:
+        """The request body and the headers of its own (JSON unless a channel says otherwise)."""
+        body = json.dumps(self.payload(notification), ensure_ascii=False).encode()
+        return body, {"Content-Type": "application/json"}
+
     async def send(self, notification: Notification) -> str | None:
         url = notification.chat_url
         if not url:
@@ -123,9 +167,9 @@ class _ChatSender:
                 "(was the target removed?)",
                 retryable=False,
             )
-        body = json.dumps(self.payload(notification), ensure_ascii=False).encode()
+        body, own = self.message(notification)
         headers = {
-            "Content-Type": "application/json",
+            **own,
             "User-Agent": "promptsched",
             # Neither service deduplicates on it; a receiver of our own (or a proxy) can.
             "Idempotency-Key": notification.idempotency_key,
@@ -149,3 +193,11 @@ class DiscordSender(_ChatSender):
 
     def payload(self, notification: Notification) -> dict[str, Any]:
         return discord_payload(notification, self.public_url)
+
+
+class NtfySender(_ChatSender):
+    channel = "ntfy"
+
+    def message(self, notification: Notification) -> tuple[bytes, dict[str, str]]:
+        body, headers = ntfy_message(notification, self.public_url)
+        return body, {"Content-Type": "text/markdown; charset=utf-8", **headers}

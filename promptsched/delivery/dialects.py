@@ -80,6 +80,19 @@ DISCORD = Dialect(
 )
 
 
+# ntfy renders CommonMark itself: the text goes as written (the parser's reading is only
+# needed for splitting), and links in our own notes are CommonMark links.
+NTFY = Dialect(
+    name="ntfy",
+    strong="**",
+    em="*",
+    strike="~~",
+    escape=lambda text: text,
+    link=lambda href, text: f"[{text or href}](<{_discord_href(href)}>)",
+    heading=lambda text, level: f"{'#' * level} {text}",
+)
+
+
 def _inline(tokens: list[Token], dialect: Dialect) -> str:
     out: list[str] = []
     hrefs: list[str] = []

@@ -8,7 +8,8 @@ Stored shape (``schedules.notify``; ``{}`` means no notifications)::
      "email": ["ops@example.com"],
      "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."},
      "slack": {"url": "https://hooks.slack.com/services/..."},
-     "discord": {"url": "https://discord.com/api/webhooks/..."}}
+     "discord": {"url": "https://discord.com/api/webhooks/..."},
+     "ntfy": {"url": "https://ntfy.sh/my-secret-topic"}}
 
 A chat channel's incoming-webhook URL is its credential: like the webhook secret it is never
 shown again once stored (``public`` masks it to scheme and host).
@@ -31,7 +32,9 @@ MAX_EMAILS = 20
 MAX_URL = 2000
 SECRET_PREFIX = "whsec_"
 MIN_SECRET, MAX_SECRET = 16, 256
-CHATS = ("slack", "discord")
+# The chat channels: an incoming-webhook (or topic) URL that is itself the credential.
+CHATS = ("slack", "discord", "ntfy")
+CHAT_LABELS = {"slack": "Slack", "discord": "Discord", "ntfy": "ntfy"}
 KEYS = ("on_success", "on_failure", "email", "webhook", *CHATS)
 _ADDRESS = re.compile(r"^[^@\s<>(),;:\"\\\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
@@ -134,8 +137,9 @@ def mask_url(url: str) -> str:
 def _chat(
     name: str, value: object, *, allow: netguard.Allowlist, current: object
 ) -> dict[str, str]:
-    """A Slack or Discord incoming webhook: ``{"url": ...}`` or the URL itself. A value read
-    back from ``public`` (the masked URL, or ``url_set`` without a URL) keeps the stored one."""
+    """A Slack or Discord incoming webhook or an ntfy topic: ``{"url": ...}`` or the URL. A
+    value read back from ``public`` (the masked URL, or ``url_set`` without a URL) keeps the
+    stored one."""
     if isinstance(value, str):
         value = {"url": value}
     if not isinstance(value, Mapping):
@@ -164,7 +168,9 @@ def validate_targets(
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ValidationError("notify", "must be an object with email, webhook, slack or discord")
+        raise ValidationError(
+            "notify", "must be an object with email, webhook, slack, discord or ntfy"
+        )
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise ValidationError(f"notify.{unknown[0]}", f"unknown key (known: {', '.join(KEYS)})")
@@ -226,7 +232,7 @@ def words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -
             else ("signed" if hook.get("secret_set") else "unsigned")
         )
         targets.append(f"webhook {hook.get('url')} ({signed})")
-    for key, label in (("slack", "Slack"), ("discord", "Discord")):
+    for key, label in CHAT_LABELS.items():
         chat = notify.get(key)
         if isinstance(chat, Mapping) and chat.get("url"):
             targets.append(f"{label} {chat['url']}")  # masked in a public view

@@ -76,7 +76,7 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
 if "notify" in inputs.EDITABLE:  # the notification targets, once the service accepts them
     SCHEDULE_FIELDS["notify"] = {
         "type": ["object", "null"],
-        "description": "targets: email, webhook, slack, discord; on_success, on_failure",
+        "description": "targets: email, webhook, slack, discord, ntfy; on_success, on_failure",
     }
 
 _SCHEDULE_OUT: dict[str, Schema] = {

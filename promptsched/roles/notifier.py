@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 from promptsched.clock import Clock
 from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, Notification, Sender
-from promptsched.delivery.chat import DiscordSender, SlackSender
+from promptsched.delivery.chat import DiscordSender, NtfySender, SlackSender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.domain import OutboxStatus, OwedNotification
@@ -53,6 +53,7 @@ def build_senders(config: Config) -> dict[str, Sender]:
         "webhook": WebhookSender(allow=allow, timeout=timeout),
         "slack": SlackSender(allow=allow, timeout=timeout, public_url=public_url),
         "discord": DiscordSender(allow=allow, timeout=timeout, public_url=public_url),
+        "ntfy": NtfySender(allow=allow, timeout=timeout, public_url=public_url),
     }
 
 

@@ -114,6 +114,10 @@ CREATE VIEW public.notify_channels AS
                 CASE
                     WHEN (jsonb_typeof(((s.notify -> 'discord'::text) -> 'url'::text)) = 'string'::text) THEN jsonb_build_object('host', COALESCE("substring"(((s.notify -> 'discord'::text) ->> 'url'::text), '^[a-z]+://([^/:?#]+)'::text), '?'::text))
                     ELSE NULL::jsonb
+                END), ('ntfy'::text,
+                CASE
+                    WHEN (jsonb_typeof(((s.notify -> 'ntfy'::text) -> 'url'::text)) = 'string'::text) THEN jsonb_build_object('host', COALESCE("substring"(((s.notify -> 'ntfy'::text) ->> 'url'::text), '^[a-z]+://([^/:?#]+)'::text), '?'::text))
+                    ELSE NULL::jsonb
                 END)) c(channel, target))
   WHERE (c.target IS NOT NULL);
 CREATE TABLE public.outbox (
@@ -134,7 +138,7 @@ CREATE TABLE public.outbox (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     sent_at timestamp with time zone,
     details jsonb,
-    CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text, 'slack'::text, 'discord'::text]))),
+    CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text, 'slack'::text, 'discord'::text, 'ntfy'::text]))),
     CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text]))),
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),

@@ -1,5 +1,6 @@
--- Chat channels: Slack and Discord incoming webhooks become notify targets of their own
--- (`"slack": {"url": ...}`, `"discord": {"url": ...}` in schedules.notify), owed and delivered
+-- Chat channels: Slack and Discord incoming webhooks and ntfy topics become notify targets of
+-- their own (`"slack": {"url": ...}`, `"discord": {"url": ...}`, `"ntfy": {"url": ...}` in
+-- schedules.notify), owed and delivered
 -- through the same outbox as email and webhooks, with the same idempotency key per channel.
 -- An incoming-webhook URL is itself the credential, so the outbox never stores it: the target
 -- it records is only the host (for listings of dead notifications); the notifier reads the URL
@@ -7,7 +8,7 @@
 
 ALTER TABLE outbox DROP CONSTRAINT outbox_channel_check;
 ALTER TABLE outbox ADD CONSTRAINT outbox_channel_check
-    CHECK (channel IN ('email', 'webhook', 'slack', 'discord'));
+    CHECK (channel IN ('email', 'webhook', 'slack', 'discord', 'ntfy'));
 
 CREATE OR REPLACE VIEW notify_channels AS
 SELECT s.id AS schedule_id,
@@ -34,7 +35,11 @@ CROSS JOIN LATERAL (VALUES
     ('discord',
      CASE WHEN jsonb_typeof(s.notify -> 'discord' -> 'url') = 'string'
           THEN jsonb_build_object('host', coalesce(
-              substring(s.notify -> 'discord' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END)
+              substring(s.notify -> 'discord' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END),
+    ('ntfy',
+     CASE WHEN jsonb_typeof(s.notify -> 'ntfy' -> 'url') = 'string'
+          THEN jsonb_build_object('host', coalesce(
+              substring(s.notify -> 'ntfy' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END)
 ) AS c (channel, target)
 WHERE c.target IS NOT NULL;
 

@@ -47,7 +47,7 @@ WITH candidates AS (
 )
 SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
        s.notify -> 'webhook' ->> 'secret' AS webhook_secret,
-       CASE WHEN c.channel IN ('slack', 'discord') THEN s.notify -> c.channel ->> 'url'
+       CASE WHEN c.channel IN ('slack', 'discord', 'ntfy') THEN s.notify -> c.channel ->> 'url'
        END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
        r.finished_at
