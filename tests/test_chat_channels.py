@@ -132,11 +132,12 @@ def test_long_outputs_are_split_within_each_limit_and_clipped_with_a_link() -> N
 
 
 def test_an_ntfy_push_fits_its_limit_and_encodes_its_title() -> None:
-    wide = "Größe " * 2000 + "\n" + "ü" * 5000  # two bytes a character: bytes, not characters
+    # Two bytes a character (the limit is in bytes), and a code block cut by the limit.
+    wide = "Größe " * 600 + "\n```\n" + "ü\n" * 3000 + "```"
     body, headers = ntfy_message(
         note("ntfy", "http://x", output=wide, schedule_name="Bücher"), PUBLIC
     )
-    assert len(body) <= 4096
+    assert 3500 < len(body) <= 4096 and fences_balanced(body.decode())
     assert body.decode().endswith("(<https://console.example.com/runs/42>))")
     assert headers["Title"].startswith("=?utf-8?")  # RFC 2047, which ntfy decodes
     dead = note("ntfy", "http://x", event="dead", output=None, error="boom")

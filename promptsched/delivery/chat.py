@@ -39,7 +39,8 @@ SLACK_OUTPUT_TOTAL = 12_000  # four sections of output, then a link
 DISCORD_DESCRIPTION = 4096
 DISCORD_OUTPUT_TOTAL = 5_000  # of the 6,000 all embeds may hold, leaving room for the rest
 DISCORD_TITLE = 256
-NTFY_BODY_BYTES = 3900  # under ntfy's 4,096-byte message limit, with room for the clip note
+NTFY_MAX_BYTES = 4096  # ntfy's message limit: a longer body becomes an attachment
+NTFY_BODY_BYTES = 3900  # the output's share of it, leaving room for the clip note
 
 
 def _body_text(notification: Notification) -> str:
@@ -90,7 +91,7 @@ def discord_payload(notification: Notification, public_url: str | None) -> dict[
     if clipped:
         pieces.append(_clip_note(link, dialects.DISCORD))
     title = f"{' '.join(n.schedule_name.split())} {outcome_words(n)}"[:DISCORD_TITLE]
-    color = {"succeeded": 0x2E7D32, "paused": 0xF9A825}.get(n.event, 0xC62828)
+    color = {"succeeded": 0x2E7D32, "paused": 0xF9A825, "digest": 0xF9A825}.get(n.event, 0xC62828)
     embeds: list[dict[str, Any]] = []
     for index, piece in enumerate(pieces or [""]):
         embed: dict[str, Any] = {"description": piece, "color": color}
@@ -127,7 +128,7 @@ def ntfy_message(
         body = (pieces[0] if pieces else "") + (
             "\n\n" + _clip_note(link, dialects.NTFY) if clipped else ""
         )
-        if len(body.encode()) <= NTFY_BODY_BYTES + 200 or limit < 200:
+        if len(body.encode()) <= NTFY_MAX_BYTES or limit < 200:
             break
         limit = limit * NTFY_BODY_BYTES // len(body.encode()) - 50
     tags = {"succeeded": "white_check_mark", "paused": "pause_button", "digest": "warning"}
@@ -171,7 +172,7 @@ class _ChatSender:
         headers = {
             **own,
             "User-Agent": "promptsched",
-            # Neither service deduplicates on it; a receiver of our own (or a proxy) can.
+            # None of these services deduplicates on it; a receiver of our own (or a proxy) can.
             "Idempotency-Key": notification.idempotency_key,
         }
         await self.poster.post(url.reveal(), body, headers, permanent=_PERMANENT, hide=url)
