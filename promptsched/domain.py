@@ -11,8 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
+
+Kind = Literal["cron", "rrule", "at", "every"]  # ``schedules.kind``
+DstGap = Literal["shift", "skip"]  # a missing local time: fire just after the gap, or skip it
+DstFold = Literal["first", "both"]  # a repeated local time: its first occurrence, or both
 
 
 class RunStatus(StrEnum):
@@ -172,6 +176,42 @@ class ClaimedRun:
     enabled: bool
     timeout_seconds: float
     start_lag: float  # seconds from the slot to the claim
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A stored schedule: one field per column of ``schedules`` (tests/test_domain.py keeps
+    the two in agreement), as every schedule-returning query wrapper gives it."""
+
+    id: int
+    owner: str
+    name: str
+    kind: Kind
+    expression: str
+    timezone: str
+    dst_gap: DstGap
+    dst_fold: DstFold
+    prompt: str
+    provider: str
+    model: str | None
+    params: dict[str, Any]
+    misfire_policy: str
+    misfire_cap: int
+    misfire_grace: timedelta
+    catchup_window: timedelta | None
+    overlap_policy: str
+    max_attempts: int
+    timeout: timedelta
+    jitter: timedelta | None
+    enabled: bool
+    paused_until: datetime | None
+    pause_reason: str | None
+    pause_after_failures: int | None
+    next_fire_at: datetime | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    notify: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,10 +233,8 @@ async def _agent_run(
     )  # fmt: skip
     async with pool.acquire() as conn, conn.transaction():
         row = await schedule_ops.create_schedule(conn, Clock(), values, owner="default")
-        run = await schedule_ops.trigger_schedule(
-            conn, Clock(), row["id"], owner=None, actor="test"
-        )
-    return row["id"], run["id"]
+        run = await schedule_ops.trigger_schedule(conn, Clock(), row.id, owner=None, actor="test")
+    return row.id, run["id"]
 
 
 @pytest.mark.slow

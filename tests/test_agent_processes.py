@@ -56,7 +56,7 @@ async def _agent_schedule(
     )  # fmt: skip
     async with pool.acquire() as conn, conn.transaction():
         row = await schedule_ops.create_schedule(conn, Clock(), values, owner=owner)
-    sid: int = row["id"]
+    sid: int = row.id
     return sid
 
 

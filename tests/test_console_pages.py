@@ -236,6 +236,56 @@ async def test_the_edit_form_saves_under_optimistic_concurrency(
     assert "expression: 0 9 * * * → 0 10 * * *" in history.text
 
 
+TIMING = {
+    "misfire": "run_all", "misfire_grace": "5m", "misfire_cap": "7", "catchup_window": "2h",
+    "jitter": "30s", "dst_gap": "skip", "dst_fold": "both", "pause_after_failures": "4",
+}  # fmt: skip
+
+
+async def test_the_form_sets_every_timing_option_and_shows_them_in_words(
+    ui: Console, pool: asyncpg.Pool[Any]
+) -> None:
+    await ui.login_as("alice")
+    before = await api_support.snapshot(pool)
+    for field, bad in (
+        ("jitter", "soon"),
+        ("misfire_cap", "0"),
+        ("dst_gap", "never"),
+        ("pause_after_failures", "-1"),
+        ("catchup_window", "1 fortnight"),
+    ):
+        wrong = await ui.post("/schedules/new", {**FORM, **TIMING, field: bad})
+        assert wrong.status == 422, (field, wrong.status)
+        assert f'class="field invalid">\n<label for="f-{field}">' in wrong.text, field
+    assert await api_support.snapshot(pool) == before
+    created = await ui.post("/schedules/new", {**FORM, **TIMING})
+    assert created.status == 303, created.text
+    sid = int(created.headers["Location"].split("/")[2].split("?")[0])
+    async with api_support.client(pool) as api:
+        shown = await api.get(f"/v1/schedules/{sid}", await api.token("alice"))
+    got = shown.body
+    assert (got["misfire"], got["misfire_grace"], got["misfire_cap"]) == ("run_all", "5m", 7)
+    assert (got["catchup_window"], got["jitter"]) == ("2h", "30s")
+    assert (got["dst_gap"], got["dst_fold"], got["pause_after_failures"]) == ("skip", "both", 4)
+    page = (await ui.get(f"/schedules/{sid}")).text
+    assert "run every missed slot" in page and "catch-up window 2h" in page
+    assert "skip that day&#x27;s slot" in page and "fire at both" in page
+    assert "after 4 dead runs in a row" in page
+    # The edit form shows the stored values, and clearing an optional one clears it.
+    edit = (await ui.get(f"/schedules/{sid}/edit")).text
+    for field, value in TIMING.items():
+        if field in ("misfire", "dst_gap", "dst_fold"):
+            assert f'<option value="{value}" selected>' in edit, field
+        else:
+            assert f'id="f-{field}" name="{field}" type="text" value="{value}"' in edit, field
+    cleared = {**FORM, **TIMING, "jitter": "", "pause_after_failures": "", "version": "1"}
+    saved = await ui.post(f"/schedules/{sid}/edit", cleared)
+    assert saved.status == 303, saved.text
+    row = await pool.fetchrow("SELECT jitter, pause_after_failures, misfire_cap FROM schedules")
+    assert row is not None and (row["jitter"], row["pause_after_failures"]) == (None, None)
+    assert row["misfire_cap"] == 7
+
+
 async def test_preview_names_the_wrong_field(ui: Console) -> None:
     await ui.login_as("alice")
     page = await ui.get("/preview?expression=every+0s")

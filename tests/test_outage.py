@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from promptsched.clock import Clock, FrozenClock
 from promptsched.config import ReaperSettings
+from promptsched.domain import Schedule
 from promptsched.metrics import FENCED_WRITE_KINDS, Metrics
 from promptsched.ops import inputs
 from promptsched.ops import schedules as schedule_ops
@@ -83,7 +84,7 @@ def _retry_lines_per_second(svc: Service) -> Counter[str]:
     )
 
 
-async def _create(dsn: str, **raw: Any) -> asyncpg.Record:
+async def _create(dsn: str, **raw: Any) -> Schedule:
     conn = await pools.connect(dsn)
     try:
         values = inputs.validate({"name": "outage", "prompt": "p", **raw}, providers=["echo"])
@@ -111,7 +112,7 @@ async def test_the_service_rides_out_postgres_stopped_and_started_again(
         slow = await _create(dsn, at="2099-01-01T00:00:00Z", params={"latency": "6s"})
         conn = await pools.connect(dsn)
         try:
-            run_id = (await schedule_ops.trigger_schedule(conn, Clock(), slow["id"], owner=None,
+            run_id = (await schedule_ops.trigger_schedule(conn, Clock(), slow.id, owner=None,
                                                      actor="t"))["id"]  # fmt: skip
             token, _ = await auth.create_token(conn, owner="o")
         finally:
@@ -179,7 +180,7 @@ async def test_the_service_rides_out_postgres_stopped_and_started_again(
                 return bool(
                     await pool.fetchval(
                         "SELECT count(*) FROM runs WHERE schedule_id = $1 AND missed_slots > 0",
-                        cadence["id"],
+                        cadence.id,
                     )
                 )
 
@@ -188,12 +189,12 @@ async def test_the_service_rides_out_postgres_stopped_and_started_again(
                 "WITH old AS (SELECT id, next_fire_at FROM schedules WHERE id = $1 FOR UPDATE) "
                 "UPDATE schedules s SET next_fire_at = NULL FROM old WHERE s.id = old.id "
                 "RETURNING old.next_fire_at",
-                cadence["id"],
+                cadence.id,
             )
             rows = await pool.fetch(
-                "SELECT * FROM runs WHERE schedule_id = $1 ORDER BY slot", cadence["id"]
+                "SELECT * FROM runs WHERE schedule_id = $1 ORDER BY slot", cadence.id
             )
-            schedule = await pool.fetchrow("SELECT * FROM schedules WHERE id = $1", cadence["id"])
+            schedule = await pool.fetchrow("SELECT * FROM schedules WHERE id = $1", cadence.id)
         finally:
             await pool.close()
     finally:
@@ -203,7 +204,7 @@ async def test_the_service_rides_out_postgres_stopped_and_started_again(
     # in the one run_once row after the outage; and after it the cadence went on, on time.
     assert schedule is not None
     assert not checker.slot_problems(
-        schedule, cadence["next_fire_at"], ends[0]["next_fire_at"], rows
+        schedule, cadence.next_fire_at, ends[0]["next_fire_at"], rows
     ), [dict(r) for r in rows]
     # run_once: one run for the latest late slot, or, when slots on time were found in the
     # same tick, those run and the late ones are one skipped "misfire" row.

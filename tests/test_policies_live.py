@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 async def _create(pool: asyncpg.Pool[Any], **raw: Any) -> int:
     values = inputs.validate({"name": "live", "prompt": "p", **raw}, providers=["echo"])
-    return int((await schedule_ops.create_schedule(pool, Clock(), values, owner="o"))["id"])
+    return (await schedule_ops.create_schedule(pool, Clock(), values, owner="o")).id
 
 
 async def _db_now(pool: asyncpg.Pool[Any]) -> Any:

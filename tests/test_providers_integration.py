@@ -421,15 +421,13 @@ async def test_an_update_with_bad_openai_params_is_rejected_and_changes_nothing(
         created = await schedule_ops.create_schedule(conn, clock, values, owner="o")
         with pytest.raises(ValidationError) as caught:
             await schedule_ops.update_schedule(
-                conn, clock, created["id"], {"params": {"temperature": "hot"}},
+                conn, clock, created.id, {"params": {"temperature": "hot"}},
                 owner="o", actor="o", providers=KINDS, provider_kinds=KINDS,
             )  # fmt: skip
     assert caught.value.field == "params.temperature"
-    stored = await pool.fetchrow(
-        "SELECT params, version FROM schedules WHERE id = $1", created["id"]
-    )
+    stored = await pool.fetchrow("SELECT params, version FROM schedules WHERE id = $1", created.id)
     assert stored is not None
-    assert (stored["params"], stored["version"]) == ({"temperature": 1}, created["version"])
+    assert (stored["params"], stored["version"]) == ({"temperature": 1}, created.version)
 
 
 # --- the API key never shows ----------------------------------------------------------------

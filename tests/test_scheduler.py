@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from promptsched import errors, logs
 from promptsched.clock import FrozenClock
 from promptsched.config import SchedulerSettings
+from promptsched.domain import Schedule
 from promptsched.metrics import Metrics
 from promptsched.ops import inputs
 from promptsched.ops import schedules as schedule_ops
@@ -37,7 +38,7 @@ def _scheduler(
 async def _create(pool: asyncpg.Pool[Any], clock: FrozenClock, **raw: Any) -> int:
     values = inputs.validate({"name": "s", "prompt": "p", **raw}, providers=["echo"])
     row = await schedule_ops.create_schedule(pool, clock, values, owner="alice")
-    return int(row["id"])
+    return row.id
 
 
 async def _runs(pool: asyncpg.Pool[Any], sid: int) -> list[tuple[str, str, str | None, int]]:
@@ -293,8 +294,8 @@ async def test_an_edit_takes_effect_from_the_next_slot(pool: asyncpg.Pool[Any]) 
             providers=["echo"],
             expected_version=1,
         )
-    assert row["next_fire_at"] == T0 + timedelta(minutes=5)
-    assert row["version"] == 2
+    assert row.next_fire_at == T0 + timedelta(minutes=5)
+    assert row.version == 2
     clock.set(T0 + timedelta(minutes=10))
     await scheduler.run_once()
     assert [r[0] for r in await _runs(pool, sid)] == ["09:00:00", "09:05:00", "09:10:00"]
@@ -594,7 +595,7 @@ async def test_an_edit_waits_for_the_batch_that_holds_the_schedule(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(queries, "schedule_tick", held)
-    edited: list[asyncpg.Record] = []
+    edited: list[Schedule] = []
 
     async def edit() -> None:
         async with pool.acquire() as conn:
@@ -631,7 +632,7 @@ async def test_an_edit_waits_for_the_batch_that_holds_the_schedule(
     assert await _runs(pool, sid) == [("09:00:00", "pending", None, 0)]
     # The edit read the advanced cursor (09:10) and moved it back to the new expression's
     # first slot at or after now: 09:00, whose run exists. The next tick writes no second row.
-    assert edited[0]["version"] == 2 and edited[0]["next_fire_at"] == T0
+    assert edited[0].version == 2 and edited[0].next_fire_at == T0
     counts = await scheduler.run_once()
     assert (counts.enqueued, counts.duplicates) == (0, 1)
     assert await _runs(pool, sid) == [("09:00:00", "pending", None, 0)]

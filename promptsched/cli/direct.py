@@ -21,7 +21,7 @@ from promptsched import config as configuration
 from promptsched import errors
 from promptsched.cli import common
 from promptsched.clock import Clock
-from promptsched.domain import RunStatus
+from promptsched.domain import RunStatus, Schedule
 from promptsched.errors import ValidationError
 from promptsched.ops import explain as explaining
 from promptsched.ops import inputs, notifications, validate, views
@@ -76,7 +76,7 @@ class DirectBackend:
         providers = parse_providers(self.config.env, self.config.providers_raw)
         return {name: provider.kind for name, provider in providers.items()}
 
-    async def _schedule_row(self, schedule_id: int) -> asyncpg.Record:
+    async def _schedule_row(self, schedule_id: int) -> Schedule:
         row = await queries.schedule_get(self.conn, schedule_id, None)
         if row is None:
             raise errors.NotFound("schedule", schedule_id)
@@ -175,7 +175,7 @@ class DirectBackend:
 
     async def explain(self, schedule_id: int, at: str) -> dict[str, Any]:
         row = await self._schedule_row(schedule_id)
-        instant = validate.instant(at, "at", zone=spec.load_zone(row["timezone"]))
+        instant = validate.instant(at, "at", zone=spec.load_zone(row.timezone))
         now = await schedule_ops.db_now(self.conn, self.clock)
         changes = await queries.schedule_change_around(self.conn, schedule_id, instant)
         runs = await queries.run_list_for_slot(self.conn, schedule_id, instant)

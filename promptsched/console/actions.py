@@ -40,7 +40,7 @@ async def _schedule(ctx: Ctx) -> tuple[int, str, str]:
     row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
-    return sid, row["name"], row["timezone"]
+    return sid, row.name, row.timezone
 
 
 async def pause(ctx: Ctx) -> web.StreamResponse:

@@ -18,6 +18,21 @@ LABELS = {
     "prompt": "Prompt", "provider": "Provider", "model": "Model (optional)",
     "params": "Params (JSON object, optional)", "misfire": "Misfire policy",
     "overlap": "Overlap policy", "max_attempts": "Max attempts", "timeout": "Timeout",
+    "misfire_grace": "Late by at most", "misfire_cap": "Most missed slots to run",
+    "catchup_window": "Catch-up window (optional)", "jitter": "Jitter (optional)",
+    "dst_gap": "Local time skipped by DST", "dst_fold": "Local time repeated by DST",
+    "pause_after_failures": "Pause after dead runs in a row (optional)",
+}  # fmt: skip
+# The options of a select, in words; the value sent is the stored word.
+OPTION_WORDS = {
+    "misfire": {"run_once": "run once for all missed slots", "skip": "skip missed slots",
+                "run_all": "run every missed slot"},
+    "overlap": {"skip": "skip the new run", "allow": "run alongside",
+                "buffer_one": "queue one", "buffer_all": "queue all",
+                "cancel_other": "cancel the running one"},
+    "dst_gap": {"shift": "fire just after the gap", "skip": "skip that day's slot"},
+    "dst_fold": {"first": "fire at the first occurrence", "both": "fire at both"},
+    "kind": {"auto": "detect from the text"},
 }  # fmt: skip
 HINTS = {
     "expression": "cron (0 9 * * 1-5; 6 fields = seconds first), @daily, every 15m, "
@@ -26,10 +41,15 @@ HINTS = {
     "prompt": "{{ date }}, {{ slot }} and other tags are filled in at run time",
     "params": 'for echo: {"latency": "2s", "fail_attempts": 1}',
     "timeout": "per attempt: 30s, 5m, 1h",
+    "misfire_grace": "a slot found later than this is a misfire (after downtime or a pause)",
+    "misfire_cap": "with “run every missed slot”: at most this many",
+    "catchup_window": "missed slots older than this are dropped, whatever the policy",
+    "jitter": "each run starts up to this much after its slot, spread evenly",
+    "pause_after_failures": "pause the schedule after this many dead runs in a row",
 }
 # Which form field a validation error belongs to, when the error names another.
 _ALIASES = {"schedule": "expression", "cron": "expression", "rrule": "expression",
-            "at": "expression", "every": "expression", "misfire_grace": "misfire"}  # fmt: skip
+            "at": "expression", "every": "expression"}  # fmt: skip
 
 _FORM = Template("""<form method="post" action="$action" class="schedule-form" \
 id="schedule-form">
@@ -92,7 +112,11 @@ def preview_error(field: str, message: str) -> Markup:
 def _control(name: str, value: str, choices: Sequence[str] | None, described: str | None) -> Markup:
     extra: dict[str, object] = {"aria_describedby": described}
     if choices is not None:
-        options = join(_OPTION(value=c, label=c, attrs=attrs(selected=c == value)) for c in choices)
+        words = OPTION_WORDS.get(name, {})
+        options = join(
+            _OPTION(value=c, label=words.get(c, c), attrs=attrs(selected=c == value))
+            for c in choices
+        )
         return _SELECT(name=name, options=options, attrs=attrs(**extra))
     if name in ("prompt", "params"):
         rows = 6 if name == "prompt" else 2
@@ -103,7 +127,7 @@ def _control(name: str, value: str, choices: Sequence[str] | None, described: st
         return _TEXTAREA(name=name, value=value, rows=rows, attrs=attrs(**extra, **more))
     more = {
         "required": name in ("name", "expression"),
-        "maxlength": {"name": 200, "expression": 2000, "timezone": 100}.get(name),
+        "maxlength": {"name": 200, "expression": 2000, "model": 200}.get(name, 100),
         "list": "zones" if name == "timezone" else None,
         "autocomplete": "off",
         "spellcheck": "false" if name != "name" else None,

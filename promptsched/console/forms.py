@@ -21,14 +21,21 @@ from promptsched.store import queries
 
 PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
-          "misfire", "overlap", "max_attempts", "timeout")  # fmt: skip
+          "misfire", "overlap", "max_attempts", "timeout", "misfire_grace", "misfire_cap",
+          "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures")  # fmt: skip
 DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
-            "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": ""}  # fmt: skip
+            "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": "",
+            "misfire_grace": "1m", "misfire_cap": "100", "dst_gap": "shift",
+            "dst_fold": "first"}  # fmt: skip
 CHOICES = {
     "kind": ("auto", *spec.KINDS),
     "misfire": inputs.MISFIRE_POLICIES,
     "overlap": overlap.POLICIES,
+    "dst_gap": ("shift", "skip"),
+    "dst_fold": ("first", "both"),
 }
+# Optional settings: an empty field means "none" (no catch-up window, no jitter, never pause).
+_OPTIONAL = ("catchup_window", "jitter", "pause_after_failures")
 
 
 def parse_expression(kind: str, expression: str, timezone: str) -> spec.Spec:
@@ -52,8 +59,11 @@ def _raw(values: dict[str, str]) -> dict[str, Any]:
     validate.check_storable(values)
     parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
     raw: dict[str, Any] = {
-        key: values[key].strip() for key in ("name", "misfire", "overlap", "timeout", "provider")
-    }
+        key: values[key].strip()
+        for key in ("name", "misfire", "overlap", "timeout", "provider", "misfire_grace",
+                    "misfire_cap", "dst_gap", "dst_fold")
+    }  # fmt: skip
+    raw.update({key: values[key].strip() or None for key in _OPTIONAL})
     raw.update(
         kind=parsed.kind,
         expression=parsed.expression,
@@ -79,12 +89,12 @@ def _params(text: str) -> dict[str, Any]:
     return value
 
 
-def _row_values(row: Any) -> dict[str, str]:
+def _row_values(row: domain.Schedule) -> dict[str, str]:
     data = views.schedule_json(row)
     values = {key: str(data.get(key) or "") for key in FIELDS}
-    values.update(kind=row["kind"], max_attempts=str(row["max_attempts"]))
+    values.update(kind=row.kind, max_attempts=str(row.max_attempts))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
-    return {**values, **notify_form.values_of(row["notify"])}
+    return {**values, **notify_form.values_of(row.notify)}
 
 
 def _render(
@@ -147,11 +157,11 @@ async def create(ctx: Ctx) -> web.StreamResponse:
 
 
 def _saved(
-    ctx: Ctx, values: dict[str, str], before: Any, row: Any, done: str
+    ctx: Ctx, values: dict[str, str], before: Any, row: domain.Schedule, done: str
 ) -> web.StreamResponse:
     """Back to the schedule; first, once, the webhook secret promptsched just generated."""
-    href = f"/schedules/{row['id']}?done={done}"
-    secret = notify_form.new_secret(before, row["notify"])
+    href = f"/schedules/{row.id}?done={done}"
+    secret = notify_form.new_secret(before, row.notify)
     if secret is None or values.get("notify_webhook_secret"):
         return redirect(href)
     body = notify_form.secret_page(secret, href)
@@ -165,9 +175,7 @@ async def edit_form(ctx: Ctx) -> web.StreamResponse:
     row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
-    return _render(
-        ctx, _row_values(row), sid=sid, version=row["version"], stored_notify=row["notify"]
-    )
+    return _render(ctx, _row_values(row), sid=sid, version=row.version, stored_notify=row.notify)
 
 
 async def save(ctx: Ctx) -> web.StreamResponse:
@@ -181,7 +189,7 @@ async def save(ctx: Ctx) -> web.StreamResponse:
     current = await queries.schedule_get(deps.pool, sid, ctx.scope)
     if current is None:
         raise NotFoundPage()
-    stored = current["notify"]
+    stored = current.notify
     if ctx.field("op") == "preview":
         return _render(ctx, values, sid=sid, version=version, stored_notify=stored)
     try:

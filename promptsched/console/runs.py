@@ -153,7 +153,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     schedule = await queries.schedule_get(pool, row["schedule_id"], ctx.scope)
     if schedule is None:
         raise NotFoundPage()
-    where = timefmt.zone(schedule["timezone"])
+    where = timefmt.zone(schedule.timezone)
     attempts = await queries.run_attempts_list(pool, rid)
     replay = await queries.run_get_replay(pool, rid)
     replayed_by = replay["id"] if replay is not None else None
@@ -173,7 +173,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     ]
     body = _DETAIL(
         status=layout.badge(row["status"]),
-        schedule=layout.link(f"/schedules/{schedule['id']}", schedule["name"]),
+        schedule=layout.link(f"/schedules/{schedule.id}", schedule.name),
         origin=row["origin"],
         slot=timefmt.stamp(row["slot"], where, ctx.now),
         actions=run_actions(ctx, rid, row["status"], replayed_by),

@@ -11,10 +11,10 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from promptsched import offload
-from promptsched.console import describe, layout, timefmt
+from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
-from promptsched.domain import ChangeAction
+from promptsched.domain import ChangeAction, Schedule
 from promptsched.errors import ValidationError
 from promptsched.ops import explain, notify_targets, validate, views
 from promptsched.store import queries
@@ -41,10 +41,10 @@ def code(text: object) -> Markup:
     return _CODE(text=text)
 
 
-def state_badge(row: asyncpg.Record, where: ZoneInfo) -> Markup:
-    if row["enabled"]:
+def state_badge(row: Schedule, where: ZoneInfo) -> Markup:
+    if row.enabled:
         return layout.badge("enabled")
-    until = row["paused_until"]
+    until = row.paused_until
     text = f"paused until {timefmt.local_text(until, where)}" if until else "paused"
     return layout.badge("paused", text)
 
@@ -53,48 +53,54 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def settings(ctx: Ctx, row: asyncpg.Record) -> Markup:
+def _word(field: str, value: str) -> str:
+    return form_page.OPTION_WORDS[field].get(value, value)
+
+
+def settings(ctx: Ctx, row: Schedule) -> Markup:
     data = views.schedule_json(row)
-    where = timefmt.zone(row["timezone"])
-    words = describe.describe(row["kind"], row["expression"])
+    where = timefmt.zone(row.timezone)
+    words = describe.describe(row.kind, row.expression)
     items: list[tuple[str, object]] = [
         ("When", words),
-        ("Expression", join([code(row["expression"]), f" ({row['kind']})"])),
-        ("Time zone", row["timezone"]),
-        ("Provider", row["provider"] + (f" · model {row['model']}" if row["model"] else "")),
+        ("Expression", join([code(row.expression), f" ({row.kind})"])),
+        ("Time zone", row.timezone),
+        ("Provider", row.provider + (f" · model {row.model}" if row.model else "")),
         ("Params", code(_json(data["params"] or {}))),
-        ("Misfire", f"{data['misfire']} (cap {row['misfire_cap']}, grace "
-                    f"{data['misfire_grace']}, catch-up window {data['catchup_window'] or '—'})"),
-        ("Overlap", data["overlap"]),
-        ("Attempts", f"at most {row['max_attempts']}, each within {data['timeout']}"),
+        ("Misfire", f"{_word('misfire', data['misfire'])}, a slot counting as missed when found "
+                    f"more than {data['misfire_grace']} late (at most {row.misfire_cap} "
+                    f"run); catch-up window {data['catchup_window'] or 'none'}"),
+        ("Overlap", _word("overlap", data["overlap"])),
+        ("Attempts", f"at most {row.max_attempts}, each within {data['timeout']}"),
         ("Jitter", data["jitter"] or "none"),
-        ("DST", f"missing local times: {row['dst_gap']}; repeated: {row['dst_fold']}"),
-        ("Auto-pause", f"after {row['pause_after_failures']} dead runs in a row"
-                       if row["pause_after_failures"] else "never"),
-        ("Notify", notify_targets.words(notify_targets.public(row["notify"])) if row["notify"]
+        ("DST", f"a local time skipped by DST: {_word('dst_gap', row.dst_gap)}; "
+                f"a repeated one: {_word('dst_fold', row.dst_fold)}"),
+        ("Auto-pause", f"after {row.pause_after_failures} dead runs in a row"
+                       if row.pause_after_failures else "never"),
+        ("Notify", notify_targets.words(notify_targets.public(row.notify)) if row.notify
                    else "nobody"),
-        ("Owner", row["owner"]),
-        ("Version", row["version"]),
-        ("Created", timefmt.stamp(row["created_at"], where, ctx.now)),
-        ("Updated", timefmt.stamp(row["updated_at"], where, ctx.now)),
+        ("Owner", row.owner),
+        ("Version", row.version),
+        ("Created", timefmt.stamp(row.created_at, where, ctx.now)),
+        ("Updated", timefmt.stamp(row.updated_at, where, ctx.now)),
     ]  # fmt: skip
-    if row["pause_reason"]:
-        items.insert(0, ("Pause reason", row["pause_reason"]))
+    if row.pause_reason:
+        items.insert(0, ("Pause reason", row.pause_reason))
     rows = join(_DL_ROW(term=term, value=value) for term, value in items)
-    return join([_DL(rows=rows), Markup("\n<h3>Prompt</h3>\n"), _PRE(text=row["prompt"])])
+    return join([_DL(rows=rows), Markup("\n<h3>Prompt</h3>\n"), _PRE(text=row.prompt)])
 
 
-def controls(ctx: Ctx, row: asyncpg.Record) -> Markup:
-    sid = row["id"]
-    name = row["name"]
+def controls(ctx: Ctx, row: Schedule) -> Markup:
+    sid = row.id
+    name = row.name
     parts = [
         layout.link(f"/schedules/{sid}/edit", "Edit"),
         layout.action(
             ctx, f"/schedules/{sid}/trigger", "Trigger now", confirm=f"Run {name!r} now?"
         ),
     ]
-    if row["enabled"] or row["paused_until"] is not None:
-        extra = _PAUSE_FIELDS(zone=row["timezone"])
+    if row.enabled or row.paused_until is not None:
+        extra = _PAUSE_FIELDS(zone=row.timezone)
         parts.append(
             layout.action(
                 ctx,
@@ -104,7 +110,7 @@ def controls(ctx: Ctx, row: asyncpg.Record) -> Markup:
                 confirm=f"Pause {name!r}? No new runs until it is resumed.",
             )  # fmt: skip
         )
-    if not row["enabled"]:
+    if not row.enabled:
         parts.append(
             layout.action(
                 ctx,
@@ -152,9 +158,9 @@ def history(ctx: Ctx, rows: list[asyncpg.Record], where: ZoneInfo) -> Markup:
     )
 
 
-async def explain_section(ctx: Ctx, row: asyncpg.Record, default_at: str) -> Markup:
+async def explain_section(ctx: Ctx, row: Schedule, default_at: str) -> Markup:
     """The explain form, and its verdict when the page was asked about an instant."""
-    where = timefmt.zone(row["timezone"])
+    where = timefmt.zone(row.timezone)
     raw = ctx.query("at")
     result = Markup("")
     if raw is not None:
@@ -162,13 +168,13 @@ async def explain_section(ctx: Ctx, row: asyncpg.Record, default_at: str) -> Mar
             result = await _verdict(ctx, row, validate.instant(raw[:64], "at", zone=where), where)
         except ValidationError as exc:
             result = _ERROR(field=exc.field, message=exc.message)
-    return _EXPLAIN_FORM(id=row["id"], at=raw or default_at, zone=row["timezone"], result=result)
+    return _EXPLAIN_FORM(id=row.id, at=raw or default_at, zone=row.timezone, result=result)
 
 
-async def _verdict(ctx: Ctx, row: asyncpg.Record, at: datetime, where: ZoneInfo) -> Markup:
+async def _verdict(ctx: Ctx, row: Schedule, at: datetime, where: ZoneInfo) -> Markup:
     async with ctx.deps.pool.acquire() as conn:
-        changes = await queries.schedule_change_around(conn, row["id"], at)
-        found = await queries.run_list_for_slot(conn, row["id"], at)
+        changes = await queries.schedule_change_around(conn, row.id, at)
+        found = await queries.run_list_for_slot(conn, row.id, at)
     facts = explain.Facts(row, at, ctx.now, changes, found, retention=ctx.deps.retention)
     answer = await offload.run(lambda: explain.explain(facts))  # bounded math, off the loop
     runs = [

@@ -11,6 +11,7 @@ from aiohttp import web
 from promptsched.console import describe, layout, runs, schedule_parts, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
+from promptsched.domain import Schedule
 from promptsched.ops import schemas, views
 from promptsched.store import queries
 
@@ -55,22 +56,22 @@ _LIST_ITEMS = Template('<ol class="times">$items</ol>')
 _ITEM = Template("<li>$value</li>")
 
 
-def _next_times(row: asyncpg.Record, count: int, ctx: Ctx) -> Markup:
-    where = timefmt.zone(row["timezone"])
+def _next_times(row: Schedule, count: int, ctx: Ctx) -> Markup:
+    where = timefmt.zone(row.timezone)
     times = views.next_fire_times(row, count)
     if not times:
         return Markup('<span class="muted">none</span>')
-    if not row["enabled"] and row["paused_until"] is None:
+    if not row.enabled and row.paused_until is None:
         return Markup('<span class="muted">paused</span>')
     seconds = timefmt.any_seconds(times)
     items = join(_ITEM(value=timefmt.stamp(t, where, ctx.now, seconds=seconds)) for t in times)
     return _LIST_ITEMS(items=items)
 
 
-def _last_run(latest: asyncpg.Record | None, row: asyncpg.Record, ctx: Ctx) -> Markup:
+def _last_run(latest: asyncpg.Record | None, row: Schedule, ctx: Ctx) -> Markup:
     if latest is None:
         return Markup('<span class="muted">no run yet</span>')
-    where = timefmt.zone(row["timezone"])
+    where = timefmt.zone(row.timezone)
     when = timefmt.stamp(latest["finished_at"] or latest["slot"], where, ctx.now)
     return join([layout.link(f"/runs/{latest['id']}", layout.badge(latest["status"])), " ", when])
 
@@ -88,25 +89,25 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     rows = rows[:PAGE_SIZE]
     latest = {
         r["schedule_id"]: r
-        for r in await queries.run_latest_finished_many(ctx.deps.pool, [r["id"] for r in rows])
+        for r in await queries.run_latest_finished_many(ctx.deps.pool, [r.id for r in rows])
     }
     head = ["Name", "When", "Zone", "Next fire times", "Last run", "State"]
     if ctx.who.admin:
         head.append("Owner")
     table_rows = []
     for row in rows:
-        where = timefmt.zone(row["timezone"])
+        where = timefmt.zone(row.timezone)
         cells: list[object] = [
-            _NAME(id=row["id"], name=row["name"]),
-            _WHEN(words=describe.describe(row["kind"], row["expression"]),
-                  expression=row["expression"]),
-            row["timezone"],
+            _NAME(id=row.id, name=row.name),
+            _WHEN(words=describe.describe(row.kind, row.expression),
+                  expression=row.expression),
+            row.timezone,
             _next_times(row, NEXT_IN_LIST, ctx),
-            _last_run(latest.get(row["id"]), row, ctx),
+            _last_run(latest.get(row.id), row, ctx),
             schedule_parts.state_badge(row, where),
         ]  # fmt: skip
         if ctx.who.admin:
-            cells.append(row["owner"])
+            cells.append(row.owner)
         table_rows.append(cells)
     if table_rows:
         table = layout.table(head, table_rows, cls="grid schedules")
@@ -115,9 +116,7 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
             "No schedule matches." if name or owner else "No schedules yet: create the first one."
         )
         table = _EMPTY(text=text)
-    query = (
-        {"q": name or "", "owner": owner, "after": str(rows[-1]["id"])} if more and rows else None
-    )
+    query = {"q": name or "", "owner": owner, "after": str(rows[-1].id)} if more and rows else None
     more_link = layout.link("/?" + urlencode(query), "Next page →") if query else ""
     owner_field = _OWNER_FIELD(owner=owner) if ctx.who.admin else Markup("")
     body = _LIST(q=name or "", owner_field=owner_field, table=table, more=more_link)
@@ -138,7 +137,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     row = await queries.schedule_get(pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
-    where = timefmt.zone(row["timezone"])
+    where = timefmt.zone(row.timezone)
     status = ctx.query("status")
     status = status if status in schemas.RUN_STATUSES else None
     before = ctx.int_query("before")
@@ -157,8 +156,8 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     body = _DETAIL(
         state=schedule_parts.state_badge(row, where),
         id=sid,
-        words=describe.describe(row["kind"], row["expression"]),
-        zone=row["timezone"],
+        words=describe.describe(row.kind, row.expression),
+        zone=row.timezone,
         controls=schedule_parts.controls(ctx, row),
         next=_next_times(row, NEXT_ON_PAGE, ctx),
         explain=await schedule_parts.explain_section(ctx, row, default_at),
@@ -168,4 +167,4 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         settings=schedule_parts.settings(ctx, row),
         history=schedule_parts.history(ctx, changes, where),
     )
-    return layout.page(ctx, row["name"], body)
+    return layout.page(ctx, row.name, body)

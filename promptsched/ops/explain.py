@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from promptsched import durations
-from promptsched.domain import ChangeAction, RunOrigin, RunStatus
+from promptsched.domain import ChangeAction, RunOrigin, RunStatus, Schedule
 from promptsched.errors import ValidationError
 from promptsched.ops import views
 from promptsched.schedule import fire_times, spec
@@ -39,7 +39,7 @@ Row = asyncpg.Record
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    schedule: Row
+    schedule: Schedule
     at: datetime
     now: datetime
     changes: Sequence[Row]  # schedule_change_around: the state at `at`, then later edits
@@ -50,9 +50,9 @@ class Facts:
     retention: timedelta | None = None
 
 
-def spec_at(schedule: Row, changes: Sequence[Row]) -> spec.Spec:
+def spec_at(schedule: Schedule, changes: Sequence[Row]) -> spec.Spec:
     """The expression in force at the instant: the current one with later edits undone."""
-    timing = {key: schedule[key] for key in TIMING}
+    timing = {key: getattr(schedule, key) for key in TIMING}
     for edit in (c for c in changes if c["later"]):  # newest first
         for key in TIMING:
             pair = (edit["changes"] or {}).get(key)
@@ -120,13 +120,13 @@ def _pause_text(state: Row) -> str:
 
 def _future(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
     row = f.schedule
-    if row["enabled"]:
+    if row.enabled:
         return "scheduled", f"it will fire at {_local(s, at)}", None
     state = _state(f.changes)
-    until = row["paused_until"]
+    until = row.paused_until
     if until is not None and until <= at:
         return "scheduled", f"paused until {until.isoformat()}, so it will fire at this slot", None
-    reason = f" ({row['pause_reason']})" if row["pause_reason"] else ""
+    reason = f" ({row.pause_reason})" if row.pause_reason else ""
     pause = state if _paused_by(state) else None
     return "paused", f"it is paused{reason}: it will not fire then unless resumed before", pause
 
@@ -144,19 +144,19 @@ def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
     if coalesced and after is not None:
         return (
             "coalesced",
-            f"the slot was found late; the misfire policy ({f.schedule['misfire_policy']}) "
+            f"the slot was found late; the misfire policy ({f.schedule.misfire_policy}) "
             f"folded it into run {after['id']} at {after['slot'].isoformat()}, which stands for "
             f"{after['missed_slots']} missed slot(s)",
             None,
         )
-    cursor = f.schedule["next_fire_at"]
-    if f.schedule["enabled"] and cursor is not None and cursor <= at:
+    cursor = f.schedule.next_fire_at
+    if f.schedule.enabled and cursor is not None and cursor <= at:
         return "due", "the slot is due but no scheduler has enqueued it yet: is one running?", None
     if f.retention is not None and at < f.now - f.retention:
         # Beyond the horizon a missing row proves nothing: its run may have been purged.
         kept = durations.format_duration(f.retention)
         return "purged", f"no record: history older than the retention of {kept} was purged", None
-    window = f.schedule["catchup_window"]
+    window = f.schedule.catchup_window
     hint = f" (its catchup window is {window})" if window else ""
     return (
         "missed",
@@ -171,8 +171,8 @@ def _verdict(f: Facts, s: spec.Spec, at: datetime, fire: bool) -> tuple[str, str
     if at_slot:
         main = next((r for r in at_slot if r["origin"] == RunOrigin.CADENCE), at_slot[0])
         return _RUN_VERDICTS[main["status"]], _describe_run(main), None
-    if at < f.schedule["created_at"]:
-        created = f.schedule["created_at"].isoformat()
+    if at < f.schedule.created_at:
+        created = f.schedule.created_at.isoformat()
         return "before_created", f"the schedule did not exist yet (created {created})", None
     if not fire:
         return "not_a_fire_time", f"{_local(s, at)} is not a fire time of {s.expression}", None
@@ -195,7 +195,7 @@ def explain(f: Facts) -> dict[str, Any]:
     if verdict in ("coalesced", "paused"):
         runs += [r for r in f.runs if r["position"] == "after" and r["missed_slots"]]
     return {
-        "schedule_id": f.schedule["id"],
+        "schedule_id": f.schedule.id,
         "at": at.isoformat(),
         "verdict": verdict,
         "message": message,

@@ -11,7 +11,7 @@ import asyncpg
 
 from promptsched import netguard, offload
 from promptsched.clock import Clock
-from promptsched.domain import ChangeAction, RunOrigin, ScheduleInput
+from promptsched.domain import ChangeAction, RunOrigin, Schedule, ScheduleInput
 from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.ops import inputs, views
 from promptsched.schedule import fire_times, spec
@@ -31,30 +31,30 @@ async def create_schedule(
     *,
     owner: str,
     actor: str | None = None,
-) -> asyncpg.Record:
+) -> Schedule:
     now = await db_now(db, clock)
     # an expression that never fires (before 2200) is an error; the search runs off the loop
     first = await offload.run(lambda: fire_times.check_fires(inputs.spec_of(values), now))
     row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
     await queries.schedule_change_insert(
         db,
-        row["id"],
+        row.id,
         owner,
         actor or owner,
         ChangeAction.CREATE,
         {"fields": views.schedule_json(row)},
     )
-    await queries.schedule_notify_changed(db, row["id"])
+    await queries.schedule_notify_changed(db, row.id)
     return row
 
 
-def input_from_row(row: asyncpg.Record) -> dict[str, Any]:
+def input_from_row(row: Schedule) -> dict[str, Any]:
     """A stored schedule as the raw input ``validate`` takes, for merging a patch into it."""
     data = views.schedule_json(row)
     keep = {f for f in ScheduleInput.__dataclass_fields__} - {"misfire_grace"}
     raw = {key: data[key] for key in keep if key in data and data[key] is not None}
     raw["misfire_grace"] = data["misfire_grace"]
-    raw["notify"] = dict(row["notify"] or {})  # the stored targets, secret included
+    raw["notify"] = dict(row.notify or {})  # the stored targets, secret included
     return raw
 
 
@@ -71,15 +71,15 @@ async def update_schedule(
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     expected_version: int | None = None,
     tools: Catalog | None = None,
-) -> asyncpg.Record:
+) -> Schedule:
     """Apply a partial update. A new expression or zone takes effect from the next slot: slots
     already enqueued are not enqueued again, and a slot due now is not lost."""
     async with conn.transaction():
         row = await queries.schedule_get_for_update(conn, schedule_id, owner)
         if row is None:
             raise NotFound("schedule", schedule_id)
-        if expected_version is not None and row["version"] != expected_version:
-            raise VersionConflict(row["version"])
+        if expected_version is not None and row.version != expected_version:
+            raise VersionConflict(row.version)
         unknown = sorted(set(patch) - inputs.EDITABLE)
         if unknown:
             raise ValidationError(unknown[0], "is not a field that can be changed")
@@ -94,13 +94,13 @@ async def update_schedule(
                 providers=providers,
                 provider_kinds=provider_kinds,
                 webhook_allow=webhook_allow,
-                current_notify=row["notify"],
+                current_notify=row.notify,
                 tools=tools,
             )
         )
-        cursor = row["next_fire_at"]
+        cursor = row.next_fire_at
         timing = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
-        if any(getattr(values, f) != row[f] for f in timing):
+        if any(getattr(values, f) != getattr(row, f) for f in timing):
             now = await db_now(conn, clock)
             after = min(now, cursor) if cursor is not None else now
             since = after - timedelta(microseconds=1)
@@ -108,7 +108,7 @@ async def update_schedule(
                 lambda: fire_times.check_fires(inputs.spec_of(values), since)
             )
         updated = await queries.schedule_update(
-            conn, schedule_id, row["version"], values, next_fire_at=cursor
+            conn, schedule_id, row.version, values, next_fire_at=cursor
         )
         assert updated is not None  # the row is locked: its version cannot move
         before, after_json = views.schedule_json(row), views.schedule_json(updated)
@@ -118,7 +118,7 @@ async def update_schedule(
             if k not in ("version", "updated_at") and before.get(k) != after_json[k]
         }
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.UPDATE, changes
+            conn, schedule_id, row.owner, actor, ChangeAction.UPDATE, changes
         )
         await queries.schedule_notify_changed(conn, schedule_id)
         return updated
@@ -132,13 +132,13 @@ async def pause_schedule(
     actor: str,
     until: datetime | None = None,
     reason: str | None = None,
-) -> asyncpg.Record:
+) -> Schedule:
     async with conn.transaction():
         row = await queries.schedule_pause(conn, schedule_id, owner, until, reason)
         if row is None:
             raise NotFound("schedule", schedule_id)
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.PAUSE,
+            conn, schedule_id, row.owner, actor, ChangeAction.PAUSE,
             {"until": until.isoformat() if until else None, "reason": reason},
         )  # fmt: skip
         await queries.schedule_notify_changed(conn, schedule_id)
@@ -147,14 +147,14 @@ async def pause_schedule(
 
 async def resume_schedule(
     conn: Conn, schedule_id: int, *, owner: str | None, actor: str
-) -> asyncpg.Record:
+) -> Schedule:
     """Resume; slots missed while paused meet the schedule's misfire policy on the next tick."""
     async with conn.transaction():
         row = await queries.schedule_resume(conn, schedule_id, owner)
         if row is None:
             raise NotFound("schedule", schedule_id)
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.RESUME, {}
+            conn, schedule_id, row.owner, actor, ChangeAction.RESUME, {}
         )
         await queries.schedule_notify_changed(conn, schedule_id)
         return row
@@ -169,21 +169,21 @@ async def trigger_schedule(
         row = await queries.schedule_get(conn, schedule_id, owner)
         if row is None:
             raise NotFound("schedule", schedule_id)
-        if not row["enabled"]:
+        if not row.enabled:
             raise StateConflict(f"schedule {schedule_id} is {_paused(row)}; resume it to run it")
         run = await queries.run_insert_manual(conn, schedule_id, clock.sql_now())
         assert run is not None
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.TRIGGER,
+            conn, schedule_id, row.owner, actor, ChangeAction.TRIGGER,
             {"run_id": run["id"]},
         )  # fmt: skip
         await queries.run_notify_ready(conn, RunOrigin.MANUAL)
         return run
 
 
-def _paused(row: asyncpg.Record) -> str:
-    until = row["paused_until"]
-    reason = row["pause_reason"]
+def _paused(row: Schedule) -> str:
+    until = row.paused_until
+    reason = row.pause_reason
     text = f"paused until {until.isoformat()}" if until is not None else "paused"
     return f"{text} ({reason})" if reason else text
 
@@ -213,8 +213,7 @@ async def backfill_schedule(
         now = await db_now(conn, clock)
         if end > now:
             raise ValidationError("end", "a backfill covers the past only")
-        schedule_spec = spec.Spec(row["kind"], row["expression"], row["timezone"],
-                                  row["dst_gap"], row["dst_fold"])  # fmt: skip
+        schedule_spec = views.schedule_spec(row)
         slots = []
         for slot in fire_times.iter_after(schedule_spec, start - timedelta(microseconds=1)):
             if slot > end:
@@ -226,7 +225,7 @@ async def backfill_schedule(
                 )
         created = await queries.run_insert_backfill(conn, schedule_id, slots, clock.sql_now())
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.BACKFILL,
+            conn, schedule_id, row.owner, actor, ChangeAction.BACKFILL,
             {"start": start.isoformat(), "end": end.isoformat(), "runs": len(created)},
         )  # fmt: skip
         if created:
@@ -240,7 +239,7 @@ async def delete_schedule(conn: Conn, schedule_id: int, *, owner: str | None, ac
         if row is None:
             raise NotFound("schedule", schedule_id)
         await queries.schedule_change_insert(
-            conn, schedule_id, row["owner"], actor, ChangeAction.DELETE, {"name": row["name"]}
+            conn, schedule_id, row.owner, actor, ChangeAction.DELETE, {"name": row.name}
         )
         await queries.schedule_delete(conn, schedule_id, owner)
         await queries.schedule_notify_changed(conn, schedule_id)

@@ -4,11 +4,13 @@ the schemas document, secrets hidden."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+from promptsched.domain import Schedule
 from promptsched.durations import format_duration
 from promptsched.errors import ValidationError
 from promptsched.ops import notify_targets, schemas
@@ -26,14 +28,13 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def schedule_json(row: asyncpg.Record, *, reveal_secret: bool = False) -> dict[str, Any]:
+def schedule_json(row: Schedule, *, reveal_secret: bool = False) -> dict[str, Any]:
     """A schedule for API responses and the change history. The webhook secret is never in
     it, except once, when it was just created or changed (``reveal_secret``)."""
-    data = {key: _json_value(row[key]) for key in row.keys()}
-    data["misfire"] = data.pop("misfire_policy", None)
-    data["overlap"] = data.pop("overlap_policy", None)
-    if "notify" in data:
-        data["notify"] = notify_targets.public(row["notify"] or {}, reveal_secret=reveal_secret)
+    data = {f.name: _json_value(getattr(row, f.name)) for f in dataclass_fields(row)}
+    data["misfire"] = data.pop("misfire_policy")
+    data["overlap"] = data.pop("overlap_policy")
+    data["notify"] = notify_targets.public(row.notify or {}, reveal_secret=reveal_secret)
     return data
 
 
@@ -53,17 +54,15 @@ def notification_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def schedule_spec(row: asyncpg.Record) -> spec.Spec:
-    return spec.Spec(
-        row["kind"], row["expression"], row["timezone"], row["dst_gap"], row["dst_fold"]
-    )
+def schedule_spec(row: Schedule) -> spec.Spec:
+    return spec.Spec(row.kind, row.expression, row.timezone, row.dst_gap, row.dst_fold)
 
 
-def next_fire_times(row: asyncpg.Record, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
+def next_fire_times(row: Schedule, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
     """The next slots from the schedule's cursor, by the scheduler's own code path; none for a
     schedule whose fire times this version cannot compute (the scheduler pauses it, and its
     ``pause_reason`` says why)."""
-    cursor = row["next_fire_at"]
+    cursor = row.next_fire_at
     if cursor is None:
         return []
     try:
@@ -72,28 +71,26 @@ def next_fire_times(row: asyncpg.Record, count: int = NEXT_FIRE_TIMES) -> list[d
         return []
 
 
-def webhook_secret(row: asyncpg.Record) -> str | None:
-    notify = row["notify"] if "notify" in row.keys() else None
-    webhook = (notify or {}).get("webhook")
+def webhook_secret(row: Schedule) -> str | None:
+    webhook = (row.notify or {}).get("webhook")
     return webhook.get("secret") if isinstance(webhook, dict) else None
 
 
 def schedule(
-    row: asyncpg.Record, *, with_next: bool = False, reveal_secret: bool = False
+    row: Schedule, *, with_next: bool = False, reveal_secret: bool = False
 ) -> dict[str, Any]:
     data = schedule_json(row, reveal_secret=reveal_secret)  # the secret hidden
     out = {key: data.get(key) for key in schemas.SCHEDULE_OUT_FIELDS}
     if out["params"] is None:
         out["params"] = {}
-    if "notify" in data:
-        out["notify"] = data["notify"]
+    out["notify"] = data["notify"]
     if with_next:
         out["next_fire_times"] = [t.isoformat() for t in next_fire_times(row)]
     return out
 
 
-def etag(row: asyncpg.Record) -> str:
-    return f'"{row["version"]}"'
+def etag(row: Schedule) -> str:
+    return f'"{row.version}"'
 
 
 def run(row: asyncpg.Record) -> dict[str, Any]:

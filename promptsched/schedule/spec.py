@@ -7,16 +7,16 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import lru_cache
-from typing import Literal, cast, get_args
+from typing import cast, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from promptsched.domain import DstFold as DstFold  # re-exported: the spec's own words
+from promptsched.domain import DstGap as DstGap
+from promptsched.domain import Kind as Kind
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import ValidationError
 from promptsched.schedule import cron, rrule, zone
 
-Kind = Literal["cron", "rrule", "at", "every"]
-DstGap = Literal["shift", "skip"]
-DstFold = Literal["first", "both"]
 KINDS: tuple[str, ...] = get_args(Kind)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MACRO_ALIASES = {"@annually": "@yearly", "@midnight": "@daily"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
@@ -18,6 +19,7 @@ from promptsched.domain import (
     ReapedRun,
     RunOrigin,
     RunStatus,
+    Schedule,
     ScheduleInput,
 )
 from promptsched.store.sqlfiles import queries as _load
@@ -96,19 +98,31 @@ def _schedule_params(
     return params
 
 
+_SCHEDULE_FIELDS = tuple(f.name for f in dataclass_fields(Schedule))
+
+
+def _schedule(row: Record) -> Schedule:
+    """The one conversion of a ``schedules`` row (every column, by name)."""
+    return Schedule(**{name: row[name] for name in _SCHEDULE_FIELDS})
+
+
+def _maybe_schedule(row: Record | None) -> Schedule | None:
+    return None if row is None else _schedule(row)
+
+
 async def schedule_insert(
     db: DB, values: ScheduleInput, *, owner: str, next_fire_at: datetime | None
-) -> Record:
+) -> Schedule:
     params = _schedule_params(
         values, SCHEDULE_INSERT_COLUMNS, {"owner": owner, "next_fire_at": next_fire_at}
     )
     row = await db.fetchrow(_Q["schedule_insert"], *params)
     assert row is not None
-    return row
+    return _schedule(row)
 
 
-async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Record | None:
-    return await db.fetchrow(_Q["schedule_get"], schedule_id, owner)
+async def schedule_get(db: DB, schedule_id: int, owner: str | None) -> Schedule | None:
+    return _maybe_schedule(await db.fetchrow(_Q["schedule_get"], schedule_id, owner))
 
 
 class DueBatch(list[DueGroup]):
@@ -262,26 +276,28 @@ async def schedule_resume_due(db: DB, now: datetime | None) -> list[Record]:
     return await db.fetch(_Q["schedule_resume_due"], now)
 
 
-async def schedule_get_for_update(db: DB, schedule_id: int, owner: str | None) -> Record | None:
-    return await db.fetchrow(_Q["schedule_get_for_update"], schedule_id, owner)
+async def schedule_get_for_update(db: DB, schedule_id: int, owner: str | None) -> Schedule | None:
+    return _maybe_schedule(await db.fetchrow(_Q["schedule_get_for_update"], schedule_id, owner))
 
 
 async def schedule_update(
     db: DB, schedule_id: int, version: int, values: ScheduleInput, *, next_fire_at: datetime | None
-) -> Record | None:
+) -> Schedule | None:
     """None when the version moved on (another editor won)."""
     params = _schedule_params(values, SCHEDULE_UPDATE_COLUMNS, {"next_fire_at": next_fire_at})
-    return await db.fetchrow(_Q["schedule_update"], schedule_id, version, *params)
+    return _maybe_schedule(await db.fetchrow(_Q["schedule_update"], schedule_id, version, *params))
 
 
 async def schedule_pause(
     db: DB, schedule_id: int, owner: str | None, until: datetime | None, reason: str | None
-) -> Record | None:
-    return await db.fetchrow(_Q["schedule_pause"], schedule_id, owner, until, reason)
+) -> Schedule | None:
+    return _maybe_schedule(
+        await db.fetchrow(_Q["schedule_pause"], schedule_id, owner, until, reason)
+    )
 
 
-async def schedule_resume(db: DB, schedule_id: int, owner: str | None) -> Record | None:
-    return await db.fetchrow(_Q["schedule_resume"], schedule_id, owner)
+async def schedule_resume(db: DB, schedule_id: int, owner: str | None) -> Schedule | None:
+    return _maybe_schedule(await db.fetchrow(_Q["schedule_resume"], schedule_id, owner))
 
 
 async def schedule_pause_if_failing(
@@ -638,8 +654,9 @@ async def schedule_search(
     name: str | None,
     after_id: int,
     limit: int,
-) -> list[Record]:
-    return await db.fetch(_Q["schedule_search"], owner, enabled, name, after_id, limit)
+) -> list[Schedule]:
+    found = await db.fetch(_Q["schedule_search"], owner, enabled, name, after_id, limit)
+    return [_schedule(row) for row in found]
 
 
 async def schedule_change_page(

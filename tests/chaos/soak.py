@@ -168,7 +168,8 @@ async def create_schedules(
             schedule_input(rng, index, hook), providers=["echo"], webhook_allow=LOOPBACK
         )
         row = await schedule_ops.create_schedule(pool, Clock(), values, owner="chaos")
-        first[row["id"]] = row["next_fire_at"]
+        assert row.next_fire_at is not None
+        first[row.id] = row.next_fire_at
     return first
 
 

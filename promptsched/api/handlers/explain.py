@@ -18,7 +18,7 @@ async def explain_slot(call: Call) -> web.StreamResponse:
         row = await queries.schedule_get(conn, schedule_id, call.scope)
         if row is None:
             raise errors.NotFound("schedule", schedule_id)
-        zone = spec.load_zone(row["timezone"])
+        zone = spec.load_zone(row.timezone)
         at = validate.instant(call.params["at"], "at", zone=zone)
         now = await schedule_ops.db_now(conn, call.deps.clock)
         changes = await queries.schedule_change_around(conn, schedule_id, at)
