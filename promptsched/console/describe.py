@@ -34,7 +34,14 @@ def describe(kind: str, expression: str) -> str:
         words = {"cron": _cron, "every": _every, "at": _at, "rrule": _rrule}[kind](expression)
     except Exception:  # a describer must never break a page
         words = None
-    return words or expression
+    return words or as_written(kind, expression)
+
+
+def as_written(kind: str, expression: str) -> str:
+    """The expression as the user wrote it (an RRULE without the default DTSTART we add)."""
+    if kind == "rrule":
+        return expression.replace(f"{_DEFAULT_DTSTART}\n", "", 1)
+    return expression
 
 
 def _plural(count: int, unit: str) -> str:
@@ -57,18 +64,85 @@ def _at(expression: str) -> str:
     return f"once, on {value.strftime('%a %d %b %Y at %H:%M')}"
 
 
+_DEFAULT_DTSTART = "DTSTART:19700101T000000"
+_RRULE_DAYS = {code: name for code, name in zip(("SU", "MO", "TU", "WE", "TH", "FR", "SA"),
+                                                 _DAYS, strict=True)}  # fmt: skip
+_SUB_DAILY = {"SECONDLY": "second", "MINUTELY": "minute", "HOURLY": "hour"}
+_PERIOD = {"DAILY": "day", "WEEKLY": "week", "MONTHLY": "month", "YEARLY": "year"}
+# The parts a sentence can say exactly; a rule with any other part (BYSETPOS, BYMONTH with a
+# daily frequency, COUNT, ...) is shown as written rather than described wrongly.
+_RRULE_SAYABLE = {
+    "SECONDLY": {"FREQ", "INTERVAL"}, "MINUTELY": {"FREQ", "INTERVAL"},
+    "HOURLY": {"FREQ", "INTERVAL"},
+    "DAILY": {"FREQ", "INTERVAL", "BYHOUR", "BYMINUTE", "BYSECOND"},
+    "WEEKLY": {"FREQ", "INTERVAL", "BYDAY", "BYHOUR", "BYMINUTE", "BYSECOND"},
+    "MONTHLY": {"FREQ", "INTERVAL", "BYMONTHDAY", "BYHOUR", "BYMINUTE", "BYSECOND"},
+    "YEARLY": {"FREQ", "INTERVAL", "BYMONTH", "BYMONTHDAY", "BYHOUR", "BYMINUTE", "BYSECOND"},
+}  # fmt: skip
+
+
+def _rrule_parts(expression: str) -> tuple[datetime, dict[str, str]]:
+    """The rule's DTSTART (1970-01-01 when absent) and its NAME=VALUE parts."""
+    start = datetime(1970, 1, 1)
+    rule = ""
+    for line in expression.upper().splitlines():
+        head, colon, value = line.strip().partition(":")
+        if head == "DTSTART":
+            start = datetime.strptime(value.strip()[:15], "%Y%m%dT%H%M%S")
+        elif head == "RRULE":
+            rule = value
+        elif not colon:
+            rule = head
+    return start, dict(p.split("=", 1) for p in rule.strip().split(";") if "=" in p)
+
+
 def _rrule(expression: str) -> str | None:
-    rule = expression.upper().rsplit("RRULE:", 1)[-1]
-    parts = dict(p.split("=", 1) for p in rule.strip().split(";") if "=" in p)
-    freq = {"YEARLY": "yearly", "MONTHLY": "monthly", "WEEKLY": "weekly", "DAILY": "daily",
-            "HOURLY": "hourly", "MINUTELY": "every minute", "SECONDLY": "every second"}  # fmt: skip
-    word = freq.get(parts.get("FREQ", ""))
-    if word is None:
+    """A sentence only for the shapes it can say exactly (one time of day, plain weekdays, one
+    day of the month); None otherwise, so the page shows the rule itself."""
+    start, parts = _rrule_parts(expression)
+    freq = parts.get("FREQ", "")
+    if freq not in _RRULE_SAYABLE or not set(parts) <= _RRULE_SAYABLE[freq]:
         return None
-    interval = parts.get("INTERVAL", "1")
-    if interval != "1":
-        word = f"{word} (every {interval} periods)"
-    return f"{word} (RRULE)"
+    interval = int(parts.get("INTERVAL", "1"))
+    if freq in _SUB_DAILY:
+        return _plural(interval, _SUB_DAILY[freq])
+    clock = [
+        _single(parts, key, default)
+        for key, default in (
+            ("BYHOUR", start.hour),
+            ("BYMINUTE", start.minute),
+            ("BYSECOND", start.second),
+        )
+    ]
+    if any(v is None for v in clock):
+        return None
+    hour, minute, second = (str(v) for v in clock)
+    at = f"at {_hhmm(hour, minute, second)}"
+    every = _plural(interval, _PERIOD[freq])
+    if freq == "DAILY":
+        return f"{every} {at}"
+    if freq == "WEEKLY":
+        codes = parts.get("BYDAY", list(_RRULE_DAYS)[(start.weekday() + 1) % 7]).split(",")
+        if any(code not in _RRULE_DAYS for code in codes):  # an ordinal like 1MO
+            return None
+        return f"{every} on {_and([_RRULE_DAYS[c] for c in codes])} {at}"
+    day = _single(parts, "BYMONTHDAY", start.day)
+    if day is None or day < 1:
+        return None
+    if freq == "MONTHLY":
+        return f"{every} on day {day} {at}" if day <= 28 else None  # short months skip it
+    month = _single(parts, "BYMONTH", start.month)
+    if month is None or not 1 <= month <= 12 or day > calendar.monthrange(2001, month)[1]:
+        return None  # 29 February is not "every year"
+    return f"{every} on {day} {calendar.month_name[month]} {at}"
+
+
+def _single(parts: dict[str, str], key: str, default: int) -> int | None:
+    """The one value of a BY part (its default when absent); None for a list."""
+    value = parts.get(key)
+    if value is None:
+        return default
+    return int(value) if value.isdigit() else None
 
 
 def _cron(expression: str) -> str | None:

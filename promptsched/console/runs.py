@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
 
 import asyncpg
 from aiohttp import web
 
+from promptsched import errors, markup
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import RunStatus
 from promptsched.ops import notifications
 from promptsched.store import queries
+from promptsched.web import progress
 
 DEAD_PAGE = 25
 _SKIPS = {
@@ -29,12 +32,31 @@ _DETAIL = Template("""<p class="subtitle">$status <span class="muted">of $schedu
 <div class="actions">$actions</div>
 $links<dl class="settings">
 $facts</dl>
-$error<h2>Output</h2>
+$live$error<h2>Output</h2>
 $output
 <h2>Attempts</h2>
 $attempts
-<h2>Notifications</h2>
+$transcripts<h2>Notifications</h2>
 $sent""")
+# While the run is unfinished, the script follows its event stream (the page works without
+# it: reload to see the run's state).
+_LIVE = Template("""<section class="live" id="live" data-events="/runs/$id/events">
+<h2>Progress</h2>
+<p class="muted" id="live-state">Waiting for the run to start; the steps appear here as \
+they happen.</p>
+<ol class="steps" id="live-steps"></ol></section>
+""")
+_OUTPUT = Template("""<div class="output md">$html</div>
+<details><summary>As plain text</summary>$text</details>""")
+_TRANSCRIPT = Template("""<h3>Attempt $number · $status</h3>
+<ol class="steps">$steps</ol>
+""")
+_STEP = Template(
+    """<li><span class="badge kind">$kind</span> <span class="muted">step $step$tokens</span>\
+<div class="step-text">$text</div>$detail</li>"""
+)
+_DETAIL_PRE = Template('<pre class="text clip">$text</pre>')
+STEP_CLIP = 1500  # characters of a tool result or model reply shown per step
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
 _PRE = Template('<pre class="text $cls">$text</pre>')
 _ERROR = Template('<h2>Error</h2>\n<pre class="text error">$text</pre>\n')
@@ -120,6 +142,76 @@ def _attempts(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Mark
     )
 
 
+def _output(text: str | None) -> Markup:
+    """The output rendered from its Markdown (sanitized), with the text as it came."""
+    if text is None:
+        return _EMPTY(text="No output.")
+    html = markup.render_markdown(text)
+    return _OUTPUT(html=Markup(html), text=_PRE(text=text, cls="output"))
+
+
+def _usage(usage: dict[str, Any] | None) -> str:
+    """Token usage in words: "prompt 120 · completion 40 · total 160 tokens"."""
+    if not usage:
+        return "—"
+    parts = [f"{key.removesuffix('_tokens').replace('_', ' ')} {value}"
+             for key, value in usage.items() if isinstance(value, int | float)]  # fmt: skip
+    return " · ".join(parts) + " tokens" if parts else json.dumps(usage, sort_keys=True)
+
+
+def _clip(text: str, limit: int = STEP_CLIP) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def _step_detail(step: dict[str, Any]) -> str:
+    """What a step carried beyond its one-line text: the model's reply, a tool's arguments or
+    result, an error; clipped."""
+    kind = step.get("kind")
+    if kind == "model" and step.get("content"):
+        return str(step["content"])
+    if kind == "tool_call" and step.get("arguments") is not None:
+        return json.dumps(step["arguments"], ensure_ascii=False, sort_keys=True)
+    if kind == "tool_result":
+        return str(step.get("error") or step.get("result") or "")
+    return ""
+
+
+def _transcripts(attempts: Sequence[asyncpg.Record]) -> Markup:
+    """Each agent attempt's steps: kind, step number, tokens so far, text and detail."""
+    parts = []
+    for a in attempts:
+        steps = a["transcript"] or []
+        if not steps:
+            continue
+        items = []
+        for step in steps:
+            if not isinstance(step, dict):
+                continue
+            detail = _step_detail(step)
+            tokens = step.get("tokens")
+            items.append(_STEP(
+                kind=str(step.get("kind", "step")), step=str(step.get("step", "")),
+                tokens=f" · {tokens} tokens" if tokens else "",
+                text=_clip(str(step.get("text") or ""), 300),
+                detail=_DETAIL_PRE(text=_clip(detail)) if detail else "",
+            ))  # fmt: skip
+        parts.append(_TRANSCRIPT(number=a["number"], status=a["status"], steps=join(items)))
+    if not parts:
+        return Markup("")
+    return join([Markup("<h2>Transcript</h2>\n"), *parts])
+
+
+async def events(ctx: Ctx) -> web.StreamResponse:
+    """The run's live progress for the page's script: the API's event stream, by session."""
+    try:
+        return await progress.stream_run(
+            ctx.request, pool=ctx.deps.pool, hub=ctx.deps.progress, run_id=ctx.path_id(),
+            scope=ctx.scope,
+        )  # fmt: skip
+    except errors.NotFound:
+        raise NotFoundPage() from None
+
+
 def _sent(items: list[dict[str, object]]) -> Markup:
     if not items:
         return _EMPTY(text="None owed.")
@@ -158,7 +250,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     replay = await queries.run_get_replay(pool, rid)
     replayed_by = replay["id"] if replay is not None else None
     sent = await notifications.list_run_notifications(pool, rid, ctx.scope)
-    usage = json.dumps(row["usage"], sort_keys=True) if row["usage"] else "—"
+    usage = _usage(row["usage"])
     facts: list[tuple[str, object]] = [
         ("Attempts", f"{row['attempts']} of at most {row['max_attempts']}"),
         ("Provider", row["provider"]),
@@ -179,10 +271,11 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         actions=run_actions(ctx, rid, row["status"], replayed_by),
         links=_links(row, replayed_by),
         facts=join(_DL_ROW(term=t, value=v) for t, v in facts),
+        live=_LIVE(id=rid) if not RunStatus(row["status"]).finished else "",
         error=_ERROR(text=row["error"]) if row["error"] else "",
-        output=_PRE(text=row["output"], cls="output") if row["output"] is not None
-        else _EMPTY(text="No output."),
+        output=_output(row["output"]),
         attempts=_attempts(ctx, attempts, where),
+        transcripts=_transcripts(attempts),
         sent=_sent(sent),
     )  # fmt: skip
     return layout.page(ctx, f"Run {rid}", body)

@@ -18,7 +18,7 @@ from promptsched.store import queries
 PAGE_SIZE = 50
 RUNS_PAGE = 25
 HISTORY_PAGE = 20
-NEXT_IN_LIST = 3
+NEXT_IN_LIST = 1
 NEXT_ON_PAGE = 10
 
 _LIST = Template("""<div class="toolbar">
@@ -29,10 +29,13 @@ placeholder="name contains…" aria-label="search by name">$owner_field
 $table
 $more""")
 _EMPTY = Template('<p class="empty">$text</p>')
+_SCROLL = Template('<div class="table-scroll">$table</div>')
 _OWNER_FIELD = Template(""" <input name="owner" type="search" value="$owner" \
 placeholder="owner" aria-label="only this owner's schedules">""")
 _NAME = Template('<a href="/schedules/$id" class="name">$name</a>')
-_WHEN = Template('$words<br><code class="muted">$expression</code>')
+_WHEN = Template('$words<br><code class="muted expr" title="$expression">$expression</code>')
+_WORDS_ONLY = Template('<code class="expr" title="$expression">$expression</code>')
+_NOWRAP = Template('<span class="nowrap">$text</span>')
 _DETAIL = Template("""<p class="subtitle">$state
 <span class="muted">#$id · $words · $zone</span></p>
 <div class="actions">$controls</div>
@@ -64,8 +67,20 @@ def _next_times(row: Schedule, count: int, ctx: Ctx) -> Markup:
     if not row.enabled and row.paused_until is None:
         return Markup('<span class="muted">paused</span>')
     seconds = timefmt.any_seconds(times)
+    if count == 1:
+        return timefmt.stamp(times[0], where, ctx.now, seconds=seconds)
     items = join(_ITEM(value=timefmt.stamp(t, where, ctx.now, seconds=seconds)) for t in times)
     return _LIST_ITEMS(items=items)
+
+
+def _when(row: Schedule) -> Markup:
+    """The expression in words, and as written below when the words are not the text itself
+    (a long expression is cut with an ellipsis; the whole of it is its tooltip)."""
+    words = describe.describe(row.kind, row.expression)
+    written = describe.as_written(row.kind, row.expression)
+    if words == written:
+        return _WORDS_ONLY(expression=written)
+    return _WHEN(words=words, expression=written)
 
 
 def _last_run(latest: asyncpg.Record | None, row: Schedule, ctx: Ctx) -> Markup:
@@ -91,7 +106,7 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
         r["schedule_id"]: r
         for r in await queries.run_latest_finished_many(ctx.deps.pool, [r.id for r in rows])
     }
-    head = ["Name", "When", "Zone", "Next fire times", "Last run", "State"]
+    head = ["Name", "When", "Zone", "Next fire", "Last run", "State"]
     if ctx.who.admin:
         head.append("Owner")
     table_rows = []
@@ -99,9 +114,8 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
         where = timefmt.zone(row.timezone)
         cells: list[object] = [
             _NAME(id=row.id, name=row.name),
-            _WHEN(words=describe.describe(row.kind, row.expression),
-                  expression=row.expression),
-            row.timezone,
+            _when(row),
+            _NOWRAP(text=row.timezone),
             _next_times(row, NEXT_IN_LIST, ctx),
             _last_run(latest.get(row.id), row, ctx),
             schedule_parts.state_badge(row, where),
@@ -110,7 +124,7 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
             cells.append(row.owner)
         table_rows.append(cells)
     if table_rows:
-        table = layout.table(head, table_rows, cls="grid schedules")
+        table = _SCROLL(table=layout.table(head, table_rows, cls="grid schedules"))
     else:
         text = (
             "No schedule matches." if name or owner else "No schedules yet: create the first one."

@@ -5,6 +5,7 @@ connected misses events, and reads the durable transcript instead."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
 from collections.abc import Iterator
@@ -12,7 +13,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import anyio
+import asyncpg
 import structlog
+from aiohttp import web
+
+from promptsched import errors
+from promptsched.domain import RunStatus
+from promptsched.store import queries
 
 log = structlog.get_logger("progress")
 
@@ -97,3 +104,80 @@ class ProgressHub:
 
     def watching(self) -> int:
         return sum(len(streams) for streams in self._streams.values())
+
+
+# A stream ends once its run is final (or was deleted with its schedule).
+ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
+RETRY_MS = 2000  # how long an EventSource waits before reconnecting
+
+
+def frame(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def stream_run(
+    request: web.Request,
+    *,
+    pool: asyncpg.Pool[Any],
+    hub: ProgressHub,
+    run_id: int,
+    scope: str | None,
+) -> web.StreamResponse:
+    """A run's live progress as Server-Sent Events, for the API and the console alike:
+    ``event: progress`` per step, comments to keep the stream alive, ``event: gap`` when events
+    may have been lost, and ``event: done`` once the run is final. NotFound when the run is not
+    there for ``scope``."""
+    # Subscribe before reading the status: an event in between is queued, not lost.
+    with hub.subscribe(run_id) as subscription:
+        status = await queries.run_get_status(pool, run_id, scope)
+        if status is None:
+            raise errors.NotFound("run", run_id)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # nginx: pass events through at once
+            }
+        )
+        await response.prepare(request)
+        try:
+            await response.write(f"retry: {RETRY_MS}\n: watching run {run_id}\n\n".encode())
+            await _pump(response, subscription, status, pool=pool, hub=hub, scope=scope)
+        except ConnectionError:  # the client went away
+            pass
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # The response has started: no error body any more. End it; the client reconnects.
+            log.warning("progress.stream_failed", run_id=run_id, error=repr(exc))
+            with contextlib.suppress(ConnectionError):
+                await response.write(b": the stream failed; reconnect\n\n")
+        return response
+
+
+async def _pump(
+    response: web.StreamResponse,
+    subscription: Subscription,
+    status: str,
+    *,
+    pool: asyncpg.Pool[Any],
+    hub: ProgressHub,
+    scope: str | None,
+) -> None:
+    run_id = subscription.run_id
+    deadline = anyio.current_time() + hub.max_stream
+    last_write = anyio.current_time()
+    while status not in ENDED:
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            await response.write(b": stream time limit reached; reconnect to go on\n\n")
+            return
+        for event in await subscription.next(min(hub.poll, left)):
+            if event is GAP:  # the listener reconnected: events may have been lost
+                await response.write(frame("gap", {"run_id": run_id}))
+            else:
+                await response.write(frame("progress", event))
+            last_write = anyio.current_time()
+        if anyio.current_time() - last_write >= hub.keepalive:
+            await response.write(b": keep-alive\n\n")
+            last_write = anyio.current_time()
+        status = await queries.run_get_status(pool, run_id, scope) or "deleted"
+    await response.write(frame("done", {"run_id": run_id, "status": status}))

@@ -1,5 +1,5 @@
-// promptsched console: confirmation dialogs, relative times kept current, and the live
-// preview of the schedule form. Every page works without this file; it only adds comfort.
+// promptsched console: confirmation dialogs, relative times kept current, a run's live
+// progress, and the live preview of the schedule form. Every page works without this file; it only adds comfort.
 // Text from the server is only ever set with textContent, never parsed as HTML.
 "use strict";
 (function () {
@@ -48,6 +48,52 @@
     });
   }
   setInterval(refreshRelative, 10000);
+
+  // A running run's page: its steps as they happen, from the run's event stream; once the
+  // run is final the page reloads to show the output and the transcript.
+  var live = document.getElementById("live");
+  if (live && window.EventSource) {
+    var steps = document.getElementById("live-steps");
+    var state = document.getElementById("live-state");
+    var source = new EventSource(live.getAttribute("data-events"));
+    var seen = 0;
+    source.addEventListener("progress", function (event) {
+      var data = JSON.parse(event.data);
+      var item = document.createElement("li");
+      var kind = document.createElement("span");
+      kind.className = "badge kind";
+      kind.textContent = data.kind || "step";
+      var where = document.createElement("span");
+      where.className = "muted";
+      var of = data.max_steps ? "/" + data.max_steps : "";
+      where.textContent = " step " + data.step + of +
+        (data.tokens ? " · " + data.tokens + " tokens" : "");
+      var said = document.createElement("div");
+      said.className = "step-text";
+      said.textContent = data.text || "";
+      item.appendChild(kind);
+      item.appendChild(where);
+      item.appendChild(said);
+      steps.appendChild(item);
+      seen += 1;
+      state.textContent = seen + (seen === 1 ? " step" : " steps") + " so far, live.";
+      live.setAttribute("data-steps", String(seen));
+    });
+    source.addEventListener("gap", function () {
+      var item = document.createElement("li");
+      item.className = "muted";
+      item.textContent = "(the stream reconnected: some steps may be missing here; the " +
+        "transcript keeps them all)";
+      steps.appendChild(item);
+    });
+    source.addEventListener("done", function (event) {
+      source.close();
+      var data = JSON.parse(event.data);
+      state.textContent = "The run is " + data.status + "; loading its result…";
+      live.setAttribute("data-done", data.status);
+      setTimeout(function () { window.location.reload(); }, 1000);
+    });
+  }
 
   // The schedule form: the next fire times as you type, from the server's own code path.
   var form = document.getElementById("schedule-form");
