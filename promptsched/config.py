@@ -75,6 +75,8 @@ class NotifierSettings:
     retry_max: timedelta = timedelta(hours=1)
     batch: int = 20
     max_sleep: timedelta = timedelta(seconds=5)
+    # Dropped ticks are told to owners as one digest per schedule and period (this long).
+    digest_period: timedelta = timedelta(hours=1)
     crash_after_send: bool = False  # the test hook (roles/notifier.py CRASH_AFTER_SEND_ENV)
 
 
@@ -127,6 +129,8 @@ class Config:
     smtp_password: Secret | None = None
     smtp_tls: str = "starttls"
     smtp_from: str = "promptsched@localhost"
+    # The console's address as people reach it, for links in notifications (none: no links).
+    public_url: str | None = None
     allow_private_webhooks: bool = False  # deprecated: adds netguard.LEGACY_PRIVATE below
     # address guard (docs/notifications.md, docs/agents.md): non-public hosts/CIDRs let through
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
@@ -138,6 +142,7 @@ class Config:
     notifier_timeout: timedelta = timedelta(seconds=30)
     notifier_batch: int = 20
     notifier_max_sleep: timedelta = timedelta(seconds=5)
+    digest_period: timedelta = timedelta(hours=1)
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
     providers_raw: Mapping[str, Any] = field(default_factory=dict)
@@ -187,12 +192,19 @@ class Config:
             raise ConfigError("PROMPTSCHED_SMTP_PORT", "must be a port number")
         if "@" not in self.smtp_from or any(ch in self.smtp_from for ch in "\r\n<>"):
             raise ConfigError("PROMPTSCHED_SMTP_FROM", "must be an email address")
+        if self.public_url is not None and (
+            not self.public_url.startswith(("http://", "https://"))
+            or any(ch.isspace() for ch in self.public_url)
+        ):
+            raise ConfigError("PROMPTSCHED_PUBLIC_URL", "must be an http:// or https:// URL")
         if bool(self.smtp_username) != bool(self.smtp_password):
             raise ConfigError(
                 "PROMPTSCHED_SMTP_PASSWORD", "set both PROMPTSCHED_SMTP_USERNAME and the password"
             )
         if not 1 <= self.notifier_max_attempts <= 100:
             raise ConfigError("PROMPTSCHED_NOTIFIER_MAX_ATTEMPTS", "must be between 1 and 100")
+        if not timedelta(minutes=1) <= self.digest_period <= timedelta(days=7):
+            raise ConfigError("PROMPTSCHED_DIGEST_PERIOD", "must be between 1m and 7d")
         if not 1 <= self.notifier_batch <= 1000:
             raise ConfigError("PROMPTSCHED_NOTIFIER_BATCH", "must be between 1 and 1000")
         if self.notifier_timeout <= timedelta(0) or self.notifier_timeout >= self.notifier_lease:
@@ -244,6 +256,7 @@ class Config:
             retry_max=self.notifier_retry_max,
             batch=self.notifier_batch,
             max_sleep=self.notifier_max_sleep,
+            digest_period=self.digest_period,
             crash_after_send=self.env.get(CRASH_AFTER_SEND_ENV) == "1",
         )
 
@@ -350,6 +363,7 @@ _PARSERS: dict[str, Any] = {
     "smtp_password": lambda name, text: Secret(text),
     "smtp_tls": lambda name, text: text.lower(),
     "smtp_from": _str,
+    "public_url": _str,
     "allow_private_webhooks": _bool,
     "webhook_allow": _allowlist(netguard.WEBHOOK_ALLOW),
     "tools_allow": _allowlist(netguard.TOOLS_ALLOW),
@@ -360,6 +374,7 @@ _PARSERS: dict[str, Any] = {
     "notifier_timeout": _duration,
     "notifier_batch": _int,
     "notifier_max_sleep": _duration,
+    "digest_period": _duration,
     "mcp_servers": _str,
 }
 

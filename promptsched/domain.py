@@ -70,6 +70,7 @@ class OutboxEvent(StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     PAUSED = "paused"
+    DIGEST = "digest"  # the ticks a schedule dropped in a period
 
 
 class ChangeAction(StrEnum):
@@ -130,6 +131,7 @@ class OwedNotification:
     owner: str
     timezone: str
     webhook_secret: str | None
+    chat_url: str | None  # slack | discord | ntfy: the URL (a credential), read from the schedule
     slot: datetime
     origin: RunOrigin
     run_status: RunStatus
@@ -137,6 +139,7 @@ class OwedNotification:
     output: str | None
     error: str | None
     finished_at: datetime | None
+    details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Final
 
 import nh3
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 _TAGS: Final = frozenset(
     {
@@ -52,3 +53,9 @@ def render_markdown(text: str) -> str:
     if not text.strip():
         return ""
     return sanitize(_MD.render(text))
+
+
+def parse(text: str) -> list[Token]:
+    """The token stream of a Markdown text, parsed exactly as ``render_markdown`` parses it
+    (for renderers into other dialects, such as the chat channels' in ``delivery/dialects.py``)."""
+    return _MD.parse(text)

@@ -88,12 +88,25 @@ def screenshot(driver: Any, name: str) -> Path:
 
 def wait(driver: Any, condition: Callable[[Any], T], *, timeout: float = 10, what: str = "") -> T:
     """Poll ``condition(driver)`` until it is truthy (Selenium's wait, with a clear message)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def polled(d: Any) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as exc:
+            # Chromium's other word for a stale element, when the page reloads mid-read.
+            if "does not belong to the document" in str(exc.msg or ""):
+                return False
+            raise
 
     # A page reloading under the poll leaves stale or missing elements: poll again.
     ignored = (NoSuchElementException, StaleElementReferenceException)
     result: T = WebDriverWait(
         driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored
-    ).until(condition, message=f"timed out after {timeout}s waiting for {what}")
+    ).until(polled, message=f"timed out after {timeout}s waiting for {what}")
     return result

@@ -11,6 +11,7 @@ from typing import Any
 
 from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
+from promptsched.ops import notify_targets
 from promptsched.schedule import fire_times, spec
 
 _US = timedelta(microseconds=1)
@@ -129,25 +130,9 @@ def scalar(value: Any) -> str:
     return json.dumps(value)
 
 
-def notify_words(notify: Mapping[str, Any] | None) -> str:
-    if not notify:
-        return "none"
-    events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
-              if notify.get(key, True)]  # fmt: skip
-    targets = []
-    if notify.get("email"):
-        targets.append("email " + ", ".join(notify["email"]))
-    hook = notify.get("webhook")
-    if isinstance(hook, Mapping):
-        secret = hook.get("secret")
-        signed = (
-            f"signed with secret {secret} (shown once)"
-            if secret
-            else ("signed" if hook.get("secret_set") else "unsigned")
-        )
-        targets.append(f"webhook {hook.get('url')} ({signed})")
-    on = " and ".join(events) or "nothing"
-    return f"{'; '.join(targets)} on {on}"
+def notify_words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
+    """The targets in words (``notify_targets.words``, shared with the console)."""
+    return notify_targets.words(notify, secret_from=secret_from)
 
 
 def schedule_line(data: Mapping[str, Any], now: datetime) -> str:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from promptsched.errors import ValidationError
-from promptsched.ops import inputs
+from promptsched.ops import inputs, notify_targets
 
 # flag dest -> API field, for the flags `add` and `edit` share
 FIELDS = {
@@ -32,19 +32,59 @@ def params(pairs: list[str]) -> dict[str, str]:
     return found
 
 
+NOTIFY_FLAGS = ("email", "webhook", "webhook_secret_file", *notify_targets.CHATS, "notify_on")
+
+
+def notify_flags_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, dest, None) for dest in NOTIFY_FLAGS)
+
+
+def _secret_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read(4096).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError("--webhook-secret-file", f"cannot read {path}: {exc}") from None
+    if not secret:
+        raise ValidationError("--webhook-secret-file", f"{path} is empty")
+    return secret
+
+
+def _webhook(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] | None:
+    """The webhook the flags ask for: a new URL keeps the stored secret unless a secret file
+    is given; a secret file alone rotates the secret of the current webhook."""
+    if not (args.webhook or args.webhook_secret_file):
+        return None
+    hook: dict[str, Any] = {}
+    if args.webhook:
+        hook["url"] = args.webhook
+    else:
+        known = current.get("webhook")
+        if not isinstance(known, dict) or not known.get("url"):
+            raise ValidationError("--webhook-secret-file", "give --webhook URL too: none is set")
+        hook["url"] = known["url"]
+    if args.webhook_secret_file:
+        hook["secret"] = _secret_file(args.webhook_secret_file)
+    return hook
+
+
 def notify(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] | None:
     """The ``notify`` value the flags ask for, starting from ``current``; None: unchanged."""
     if args.no_notify:
-        if args.email or args.webhook or args.notify_on:
+        if notify_flags_given(args):
             raise ValidationError("--no-notify", "cannot be combined with other notify flags")
         return {}
-    if not (args.email or args.webhook or args.notify_on):
+    if not notify_flags_given(args):
         return None
     result = dict(current)
     if args.email:
         result["email"] = list(args.email)
-    if args.webhook:
-        result["webhook"] = {"url": args.webhook}
+    hook = _webhook(args, current)
+    if hook is not None:
+        result["webhook"] = hook
+    for chat in notify_targets.CHATS:
+        if getattr(args, chat):
+            result[chat] = {"url": getattr(args, chat)}
     if args.notify_on:
         events = {e.strip() for e in args.notify_on.split(",") if e.strip()}
         if not events <= {"success", "failure"}:
@@ -105,7 +145,17 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
         help="a provider param (repeatable)" + ("" if creating else "; merged into the current"),
     )
     cmd.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
-    cmd.add_argument("--webhook", metavar="URL", help="notify by a signed webhook")
+    cmd.add_argument(
+        "--webhook", metavar="URL", help="notify by a signed webhook (its secret is shown once)"
+    )
+    cmd.add_argument(
+        "--webhook-secret-file",
+        metavar="PATH",
+        help="sign the webhook with the secret in this file instead of a generated one",
+    )
+    cmd.add_argument("--slack", metavar="URL", help="notify a Slack incoming webhook")
+    cmd.add_argument("--discord", metavar="URL", help="notify a Discord webhook")
+    cmd.add_argument("--ntfy", metavar="URL", help="notify an ntfy topic (https://ntfy.sh/TOPIC)")
     cmd.add_argument("--notify-on", metavar="EVENTS", help="success,failure (default: both)")
     cmd.add_argument("--no-notify", action="store_true", help="no notifications")
     cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")

@@ -58,7 +58,9 @@ def _print_schedule(args: argparse.Namespace, data: dict[str, Any], prefix: str 
     print(prefix + render.schedule_line(data, now_of(args)))
     hook = (data.get("notify") or {}).get("webhook")
     if isinstance(hook, dict) and hook.get("secret"):
-        print(f"  notify: {render.notify_words(data['notify'])}")
+        # Shown once: the secret promptsched generated (one from a file, the user has).
+        from_file = getattr(args, "webhook_secret_file", None)
+        print(f"  notify: {render.notify_words(data['notify'], secret_from=from_file)}")
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -83,8 +85,8 @@ def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
     """Read, change, write back conditioned on the version read (or ``--version``): a change
     made by someone else meanwhile is a conflict, never silently overwritten."""
     patch = schedule_flags.fields(args)
-    if not (patch or args.param or args.unset_param or args.email or args.webhook
-            or args.notify_on or args.no_notify):  # fmt: skip
+    if not (patch or args.param or args.unset_param or args.no_notify
+            or schedule_flags.notify_flags_given(args)):  # fmt: skip
         raise ValidationError("edit", "nothing to change: give at least one field flag")
 
     async def action(api: Backend) -> int:

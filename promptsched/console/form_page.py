@@ -57,6 +57,7 @@ id="schedule-form">
 $notice<div class="form-columns">
 <div class="fields">
 $fields
+$notify
 </div>
 <aside class="preview card" id="preview" aria-live="polite">
 $preview
@@ -163,6 +164,7 @@ def form(
     version: int | None,
     error: ValidationError | None,
     notice: str | None,
+    notify: Markup | str = "",
 ) -> Markup:
     options = {**choices, "provider": providers}
     fields = join(_field(name, values[name], options.get(name), error) for name in LABELS)
@@ -175,6 +177,7 @@ def form(
         version=layout.hidden("version", str(version)) if version is not None else "",
         notice=top,
         fields=fields,
+        notify=notify,  # console/notify_form.py
         preview=preview,
         submit="Create schedule" if sid is None else "Save changes",
         cancel="/" if sid is None else f"/schedules/{sid}",

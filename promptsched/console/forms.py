@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from promptsched import domain, errors, offload
-from promptsched.console import describe, form_page, layout, timefmt
+from promptsched.console import describe, form_page, layout, notify_form, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
 from promptsched.ops import inputs, validate, views
@@ -50,7 +50,8 @@ def preview_times(parsed: spec.Spec, now: datetime) -> list[datetime]:
 
 
 def _submitted(ctx: Ctx) -> dict[str, str]:
-    return {name: ctx.field(name, DEFAULTS.get(name, "")) for name in FIELDS}
+    values = {name: ctx.field(name, DEFAULTS.get(name, "")) for name in FIELDS}
+    return {**values, **notify_form.submitted(ctx.field)}
 
 
 def _raw(values: dict[str, str]) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def _row_values(row: domain.Schedule) -> dict[str, str]:
     values = {key: str(data.get(key) or "") for key in FIELDS}
     values.update(kind=row.kind, max_attempts=str(row.max_attempts))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
-    return values
+    return {**values, **notify_form.values_of(row.notify)}
 
 
 def _render(
@@ -105,6 +106,7 @@ def _render(
     error: ValidationError | None = None,
     notice: str | None = None,
     status: int = 200,
+    stored_notify: Any = None,
 ) -> web.Response:
     try:
         parsed = parse_expression(values["kind"], values["expression"], values["timezone"])
@@ -118,6 +120,7 @@ def _render(
     body = form_page.form(
         ctx, values, CHOICES, ctx.deps.providers, preview=preview, sid=sid, version=version,
         error=error, notice=notice,
+        notify=notify_form.section(values, stored_notify, error),
     )  # fmt: skip
     title = "New schedule" if sid is None else f"Edit {values['name']}"
     return layout.page(ctx, title, body, status=status)
@@ -125,6 +128,7 @@ def _render(
 
 async def new_form(ctx: Ctx) -> web.StreamResponse:
     values = {name: DEFAULTS.get(name, "") for name in FIELDS}
+    values.update({name: notify_form.DEFAULTS.get(name, "") for name in notify_form.FIELDS})
     return _render(ctx, values)
 
 
@@ -141,14 +145,29 @@ async def create(ctx: Ctx) -> web.StreamResponse:
     if ctx.field("op") == "preview":
         return _render(ctx, values)
     try:
-        checked = _validate(ctx, _raw(values))
+        raw = {**_raw(values), "notify": notify_form.notify_input(values, None)}
+        checked = _validate(ctx, raw)
         async with ctx.deps.pool.acquire() as conn, conn.transaction():
             row = await schedule_ops.create_schedule(
                 conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor
             )
     except ValidationError as exc:
         return _render(ctx, values, error=exc, status=422)
-    return redirect(f"/schedules/{row.id}?done=created")
+    return _saved(ctx, values, None, row, "created")
+
+
+def _saved(
+    ctx: Ctx, values: dict[str, str], before: Any, row: domain.Schedule, done: str
+) -> web.StreamResponse:
+    """Back to the schedule; first, once, the webhook secret promptsched just generated."""
+    href = f"/schedules/{row.id}?done={done}"
+    secret = notify_form.new_secret(before, row.notify)
+    if secret is None or values.get("notify_webhook_secret"):
+        return redirect(href)
+    body = notify_form.secret_page(secret, href)
+    response = layout.page(ctx, "Webhook secret", body)
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 async def edit_form(ctx: Ctx) -> web.StreamResponse:
@@ -156,7 +175,7 @@ async def edit_form(ctx: Ctx) -> web.StreamResponse:
     row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
-    return _render(ctx, _row_values(row), sid=sid, version=row.version)
+    return _render(ctx, _row_values(row), sid=sid, version=row.version, stored_notify=row.notify)
 
 
 async def save(ctx: Ctx) -> web.StreamResponse:
@@ -166,23 +185,31 @@ async def save(ctx: Ctx) -> web.StreamResponse:
     version = int(raw_version) if raw_version.isascii() and raw_version.isdigit() else None
     if version is None or len(raw_version) > 9:
         raise ValidationError("version", "the form lost its version; reload it")
-    if ctx.field("op") == "preview":
-        return _render(ctx, values, sid=sid, version=version)
     deps = ctx.deps
+    current = await queries.schedule_get(deps.pool, sid, ctx.scope)
+    if current is None:
+        raise NotFoundPage()
+    stored = current.notify
+    if ctx.field("op") == "preview":
+        return _render(ctx, values, sid=sid, version=version, stored_notify=stored)
     try:
-        patch = _raw(values)
+        patch = {**_raw(values), "notify": notify_form.notify_input(values, stored)}
         async with deps.pool.acquire() as conn:
-            await schedule_ops.update_schedule(
+            row = await schedule_ops.update_schedule(
                 conn, deps.clock, sid, patch, owner=ctx.scope, actor=ctx.who.actor,
                 providers=deps.providers, provider_kinds=deps.provider_kinds,
                 webhook_allow=deps.webhook_allow, expected_version=version,
             )  # fmt: skip
     except ValidationError as exc:
-        return _render(ctx, values, sid=sid, version=version, error=exc, status=422)
+        return _render(
+            ctx, values, sid=sid, version=version, error=exc, status=422, stored_notify=stored
+        )
     except errors.VersionConflict as exc:
         notice = f"{exc}: reload the page to edit the current version."
-        return _render(ctx, values, sid=sid, version=version, notice=notice, status=409)
-    return redirect(f"/schedules/{sid}?done=saved")
+        return _render(
+            ctx, values, sid=sid, version=version, notice=notice, status=409, stored_notify=stored
+        )
+    return _saved(ctx, values, stored, row, "saved")
 
 
 async def preview(ctx: Ctx) -> web.StreamResponse:

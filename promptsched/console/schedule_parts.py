@@ -77,7 +77,7 @@ def settings(ctx: Ctx, row: Schedule) -> Markup:
                 f"a repeated one: {_word('dst_fold', row.dst_fold)}"),
         ("Auto-pause", f"after {row.pause_after_failures} dead runs in a row"
                        if row.pause_after_failures else "never"),
-        ("Notify", code(_json(notify_targets.public(row.notify or {}))) if row.notify
+        ("Notify", notify_targets.words(notify_targets.public(row.notify)) if row.notify
                    else "nobody"),
         ("Owner", row.owner),
         ("Version", row.version),

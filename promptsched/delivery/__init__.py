@@ -22,7 +22,9 @@ class Notification:
     id: int
     idempotency_key: str
     channel: str
-    event: str  # succeeded | dead | paused (the schedule, after consecutive dead runs)
+    # succeeded | dead | paused (the schedule, after consecutive dead runs) | digest (the ticks
+    # the schedule dropped in a period; ``details`` says how many, by reason)
+    event: str
     target: Any  # email: a list of addresses; webhook: {"url": ...}
     schedule_id: int
     schedule_name: str
@@ -35,6 +37,8 @@ class Notification:
     error: str | None
     finished_at: datetime | None
     webhook_secret: Secret | None = None
+    chat_url: Secret | None = None  # slack | discord | ntfy: the URL (a credential)
+    details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
 
     @property
     def succeeded(self) -> bool:
@@ -42,8 +46,10 @@ class Notification:
 
     @property
     def event_type(self) -> str:
-        """``run.succeeded``, ``run.dead`` or ``schedule.paused``."""
-        return "schedule.paused" if self.event == "paused" else f"run.{self.event}"
+        """``run.succeeded``, ``run.dead``, ``schedule.paused`` or ``schedule.digest``."""
+        if self.event in ("paused", "digest"):
+            return f"schedule.{self.event}"
+        return f"run.{self.event}"
 
     def local_slot(self) -> datetime:
         """The slot in the schedule's time zone (UTC if the zone is unknown here)."""
@@ -57,6 +63,78 @@ class Notification:
         local = self.local_slot()
         clock = "%H:%M:%S" if local.second else "%H:%M"
         return f"{local.strftime(f'%Y-%m-%d {clock} %Z')} ({self.timezone})"
+
+
+def outcome_words(notification: Notification) -> str:
+    """How the run ended, as a headline says it."""
+    if notification.event == "digest":
+        total = (notification.details or {}).get("total", 0)
+        return f"DROPPED {total} tick{'s' if total != 1 else ''}"
+    return {"succeeded": "succeeded", "paused": "PAUSED after repeated failures"}.get(
+        notification.event, "FAILED"
+    )
+
+
+def next_steps(notification: Notification) -> str | None:
+    """What the owner can do now (failure and pause messages), None for a success."""
+    n = notification
+    if n.event == "paused":
+        return (
+            "The schedule kept failing and has been paused: it will not run again until it is "
+            f"resumed. Fix the cause (the error below), then `promptsched schedules resume "
+            f"{n.schedule_id}` (or Resume in the console)."
+        )
+    if n.event == "digest":
+        return (
+            "These slots of the schedule did not run. If that is not what you want, change the "
+            f"policy named by each reason (`promptsched schedules edit {n.schedule_id}`, or Edit "
+            "in the console): overlap, misfire and catch-up window, or the budget."
+        )
+    if n.event == "dead":
+        return (
+            "The run failed and will not be retried. Fix the cause (the error below), then "
+            f"`promptsched runs replay {n.run_id}` to run it again (or Replay in the console)."
+        )
+    return None
+
+
+# Why a slot was dropped, in words, by skip reason (any other reason is shown as it is).
+REASON_WORDS = {
+    "overlap": "an earlier run was still going (overlap policy)",
+    "misfire": "found late, e.g. after downtime (misfire policy)",
+    "catchup_window": "older than the catch-up window",
+    "budget": "the budget was used up",
+}
+
+
+def digest_lines(notification: Notification) -> list[str]:
+    """The digest's facts: the period, then one line per reason with its count."""
+    details = notification.details if isinstance(notification.details, dict) else {}
+    zone = notification.local_slot().tzinfo
+    period = []
+    for key in ("period_start", "period_end"):
+        value = details.get(key)
+        try:
+            instant = datetime.fromisoformat(str(value)).astimezone(zone)
+            period.append(instant.strftime("%Y-%m-%d %H:%M %Z"))
+        except ValueError:
+            period.append(str(value))
+    found = details.get("dropped")
+    dropped: dict[str, int] = found if isinstance(found, dict) else {}
+    lines = [f"Between {period[0]} and {period[1]} ({notification.timezone}):"]
+    for reason, count in sorted(dropped.items(), key=lambda item: (-int(item[1]), item[0])):
+        why = REASON_WORDS.get(reason)
+        lines.append(
+            f"- {reason}: {count} slot{'s' if count != 1 else ''}" + (f" ({why})" if why else "")
+        )
+    return lines
+
+
+def run_link(public_url: str | None, notification: Notification) -> str | None:
+    """The run's page in the console (``PROMPTSCHED_PUBLIC_URL``), or None without one."""
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/runs/{notification.run_id}"
 
 
 def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:

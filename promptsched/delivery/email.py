@@ -1,5 +1,6 @@
 """The email channel: one message per owed notification over SMTP (aiosmtplib), with a
-Message-ID that is the same on every re-send so mail clients recognise duplicates."""
+Message-ID that is the same on every re-send so mail clients recognise duplicates. Each message
+is ``multipart/alternative``: a plain-text part and an HTML part (``delivery/email_html.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from typing import TYPE_CHECKING
 
 import aiosmtplib
 
-from promptsched.delivery import DeliveryError, Notification, clip
+from promptsched.delivery import (
+    DeliveryError,
+    Notification,
+    clip,
+    digest_lines,
+    email_html,
+    next_steps,
+    outcome_words,
+    run_link,
+)
 from promptsched.secret import Secret
 
 if TYPE_CHECKING:
@@ -28,6 +38,7 @@ class EmailSettings:
     tls: str  # none | starttls | tls
     sender: str
     timeout: float
+    public_url: str | None = None  # the console, for a link to the run
 
     @classmethod
     def from_config(cls, config: Config) -> EmailSettings:
@@ -39,6 +50,7 @@ class EmailSettings:
             tls=config.smtp_tls,
             sender=config.smtp_from,
             timeout=config.notifier_timeout.total_seconds(),
+            public_url=config.public_url,
         )
 
 
@@ -54,13 +66,13 @@ def _one_line(text: str) -> str:
 
 def subject(notification: Notification) -> str:
     name = _one_line(notification.schedule_name)[:150]
-    outcome = {"succeeded": "succeeded", "paused": "PAUSED after repeated failures"}.get(
-        notification.event, "FAILED"
-    )
-    return f"[promptsched] {name} {outcome} ({notification.slot_text()})"
+    if notification.event == "digest":
+        return f"[promptsched] {name}: {outcome_words(notification)}"
+    return f"[promptsched] {name} {outcome_words(notification)} ({notification.slot_text()})"
 
 
-def body(notification: Notification) -> str:
+def body(notification: Notification, public_url: str | None = None) -> str:
+    """The plain-text part."""
     n = notification
     finished = n.finished_at.isoformat() if n.finished_at else "-"
     lines = [
@@ -68,20 +80,17 @@ def body(notification: Notification) -> str:
         f"Slot:     {n.slot_text()}",
         f"Run:      #{n.run_id} ({n.origin}), {n.event} after {n.run_attempts} attempt(s)",
         f"Finished: {finished}",
-        "",
     ]
+    link = run_link(public_url, n)
+    if link:
+        lines.append(f"Details:  {link}")
+    lines.append("")
     if n.succeeded:
         lines += ["Output:", "", clip(n.output or "")]
-    elif n.event == "paused":
-        lines += [
-            "The schedule kept failing and has been paused; it will not run again until",
-            "it is resumed. The last run's error:",
-            "",
-            clip(n.error or "(none recorded)"),
-        ]
+    elif n.event == "digest":
+        lines += [str(next_steps(n)), "", *digest_lines(n)]
     else:
-        lines += ["The run did not work and will not be retried. Last error:", ""]
-        lines += [clip(n.error or "(no error recorded)")]
+        lines += [str(next_steps(n)), "", "Last error:", "", clip(n.error or "(none recorded)")]
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +105,8 @@ def build_message(notification: Notification, settings: EmailSettings) -> EmailM
     message["X-Promptsched-Event"] = notification.event_type
     message["X-Promptsched-Run"] = str(notification.run_id)
     message["X-Promptsched-Schedule"] = str(notification.schedule_id)
-    message.set_content(body(notification))
+    message.set_content(body(notification, settings.public_url))
+    message.add_alternative(email_html.html(notification, settings.public_url), subtype="html")
     return message
 
 

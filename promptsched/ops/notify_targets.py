@@ -6,11 +6,19 @@ Stored shape (``schedules.notify``; ``{}`` means no notifications)::
 
     {"on_success": true, "on_failure": true,
      "email": ["ops@example.com"],
-     "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."}}
+     "webhook": {"url": "https://example.com/hook", "secret": "whsec_..."},
+     "slack": {"url": "https://hooks.slack.com/services/..."},
+     "discord": {"url": "https://discord.com/api/webhooks/..."},
+     "ntfy": {"url": "https://ntfy.sh/my-secret-topic"}}
+
+A chat channel's incoming-webhook URL is its credential: like the webhook secret it is never
+shown again once stored (``public`` masks it to scheme and host).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import secrets
 import urllib.parse
@@ -24,13 +32,17 @@ MAX_EMAILS = 20
 MAX_URL = 2000
 SECRET_PREFIX = "whsec_"
 MIN_SECRET, MAX_SECRET = 16, 256
-KEYS = ("on_success", "on_failure", "email", "webhook")
+# The chat channels: an incoming-webhook (or topic) URL that is itself the credential.
+CHATS = ("slack", "discord", "ntfy")
+CHAT_LABELS = {"slack": "Slack", "discord": "Discord", "ntfy": "ntfy"}
+KEYS = ("on_success", "on_failure", "email", "webhook", *CHATS)
 _ADDRESS = re.compile(r"^[^@\s<>(),;:\"\\\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
 
 def new_secret() -> str:
-    """A fresh webhook signing secret (256 bits)."""
-    return SECRET_PREFIX + secrets.token_urlsafe(32)
+    """A fresh webhook signing secret (256 bits), in the Standard Webhooks form: ``whsec_``
+    and the key in base64, so a receiver hands it to a Standard Webhooks library as it is."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def _flag(raw: Mapping[str, Any], key: str) -> bool:
@@ -113,6 +125,37 @@ def _webhook(value: object, *, allow: netguard.Allowlist, current: object) -> di
     }
 
 
+def mask_url(url: str) -> str:
+    """``https://hooks.slack.com/…#1a2b3c``: the host and a short fingerprint (of the whole
+    URL), enough to recognise a chat target and to see it change (in the schedule's history),
+    never enough to post."""
+    parts = urllib.parse.urlsplit(url)
+    fingerprint = hashlib.sha256(url.encode()).hexdigest()[:6]
+    return f"{parts.scheme}://{parts.hostname or '?'}/…#{fingerprint}"
+
+
+def _chat(
+    name: str, value: object, *, allow: netguard.Allowlist, current: object
+) -> dict[str, str]:
+    """A Slack or Discord incoming webhook or an ntfy topic: ``{"url": ...}`` or the URL. A
+    value read back from ``public`` (the masked URL, or ``url_set`` without a URL) keeps the
+    stored one."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, Mapping):
+        raise ValidationError(
+            f"notify.{name}", "must be an object {url} or an incoming-webhook URL"
+        )
+    unknown = sorted(set(value) - {"url", "url_set"})
+    if unknown:
+        raise ValidationError(f"notify.{name}.{unknown[0]}", "unknown key (known: url)")
+    kept = current.get("url") if isinstance(current, Mapping) else None
+    url = value.get("url")
+    if isinstance(kept, str) and (url is None or url == mask_url(kept)):
+        return {"url": kept}
+    return {"url": validate_url(url, allow=allow, field=f"notify.{name}.url")}
+
+
 def validate_targets(
     raw: object, *, allow: netguard.Allowlist, current: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -125,7 +168,9 @@ def validate_targets(
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ValidationError("notify", "must be an object with email and/or webhook")
+        raise ValidationError(
+            "notify", "must be an object with email, webhook, slack, discord or ntfy"
+        )
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise ValidationError(f"notify.{unknown[0]}", f"unknown key (known: {', '.join(KEYS)})")
@@ -139,12 +184,16 @@ def validate_targets(
         result["webhook"] = _webhook(
             raw["webhook"], allow=allow, current=(current or {}).get("webhook")
         )
+    for name in CHATS:
+        if raw.get(name) is not None:
+            result[name] = _chat(name, raw[name], allow=allow, current=(current or {}).get(name))
     return {**flags, **result} if result else {}
 
 
 def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> dict[str, Any]:
     """``notify`` as API responses show it: the webhook secret is replaced by ``secret_set``,
-    unless ``reveal_secret`` (only in the response that created or rotated it)."""
+    unless ``reveal_secret`` (only in the response that created or rotated it); chat webhook
+    URLs are always masked (``url_set``)."""
     view = dict(notify or {})
     webhook = view.get("webhook")
     if isinstance(webhook, Mapping):
@@ -153,4 +202,39 @@ def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> 
         if reveal_secret and webhook.get("secret"):
             hook["secret"] = webhook["secret"]
         view["webhook"] = hook
+    for name in CHATS:
+        chat = view.get(name)
+        if isinstance(chat, Mapping) and isinstance(chat.get("url"), str):
+            view[name] = {"url": mask_url(chat["url"]), "url_set": True}
     return view
+
+
+def words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
+    """A ``public`` view of the targets in words, e.g. ``email ops@example.com; Slack
+    https://hooks.slack.com/… on success and failure``: the CLI and the console say it so. A
+    webhook secret present in the view (the one response that reveals it) is shown once, or
+    only named by the file it came from (``secret_from``)."""
+    if not notify:
+        return "none"
+    events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
+              if notify.get(key, True)]  # fmt: skip
+    targets = []
+    if notify.get("email"):
+        targets.append("email " + ", ".join(notify["email"]))
+    hook = notify.get("webhook")
+    if isinstance(hook, Mapping):
+        secret = hook.get("secret")
+        signed = (
+            f"signed with the secret in {secret_from}"
+            if secret and secret_from
+            else f"signed with secret {secret} (shown once)"
+            if secret
+            else ("signed" if hook.get("secret_set") else "unsigned")
+        )
+        targets.append(f"webhook {hook.get('url')} ({signed})")
+    for key, label in CHAT_LABELS.items():
+        chat = notify.get(key)
+        if isinstance(chat, Mapping) and chat.get("url"):
+            targets.append(f"{label} {chat['url']}")  # masked in a public view
+    on = " and ".join(events) or "nothing"
+    return f"{'; '.join(targets)} on {on}"

@@ -74,7 +74,10 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
     "pause_after_failures": {"type": ["integer", "null"], "minimum": 1, "maximum": 1000},
 }
 if "notify" in inputs.EDITABLE:  # the notification targets, once the service accepts them
-    SCHEDULE_FIELDS["notify"] = {"type": ["object", "null"], "description": "email / webhook"}
+    SCHEDULE_FIELDS["notify"] = {
+        "type": ["object", "null"],
+        "description": "targets: email, webhook, slack, discord, ntfy; on_success, on_failure",
+    }
 
 _SCHEDULE_OUT: dict[str, Schema] = {
     "id": ID,
@@ -108,7 +111,10 @@ _SCHEDULE_OUT: dict[str, Schema] = {
 }
 SCHEDULE_OUT_FIELDS = tuple(_SCHEDULE_OUT)
 _SCHEDULE_EXTRA: dict[str, Schema] = {
-    "notify": {"type": "object", "description": "targets; the webhook secret is never shown"},
+    "notify": {
+        "type": "object",
+        "description": "targets; the webhook secret and chat URLs are never shown again",
+    },
     "next_fire_times": {"type": "array", "items": TIME, "description": "the next 5 slots"},
 }
 

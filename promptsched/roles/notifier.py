@@ -24,6 +24,7 @@ from anyio.abc import TaskStatus
 from promptsched.clock import Clock
 from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, Notification, Sender
+from promptsched.delivery.chat import DiscordSender, NtfySender, SlackSender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
 from promptsched.domain import OutboxStatus, OwedNotification
@@ -46,11 +47,19 @@ _DEFAULTS = NotifierSettings()
 
 def build_senders(config: Config) -> dict[str, Sender]:
     timeout = config.notifier_timeout.total_seconds()
+    allow, public_url = config.webhook_allow, config.public_url
     return {
         "email": EmailSender(EmailSettings.from_config(config)),
-        "webhook": WebhookSender(allow=config.webhook_allow, timeout=timeout),
+        "webhook": WebhookSender(allow=allow, timeout=timeout),
+        "slack": SlackSender(allow=allow, timeout=timeout, public_url=public_url),
+        "discord": DiscordSender(allow=allow, timeout=timeout, public_url=public_url),
+        "ntfy": NtfySender(allow=allow, timeout=timeout, public_url=public_url),
     }
 
+
+# Owed digests are looked for once after each period ends, and at least this often: a long
+# period is not trusted to a monotonic wait of hours (a suspended machine, a clock step).
+DIGEST_CHECK_SECONDS = 600.0
 
 # The name each settled status is counted and logged under.
 _OUTCOME_NAMES = {
@@ -87,6 +96,8 @@ def notification(row: OwedNotification) -> Notification:
         error=row.error,
         finished_at=row.finished_at,
         webhook_secret=Secret(secret) if secret else None,
+        chat_url=Secret(row.chat_url) if row.chat_url else None,
+        details=row.details,
     )
 
 
@@ -105,15 +116,27 @@ class Notifier:
         self.senders = dict(senders)
         self.settings = settings
         self.wakeup = Wakeup()
+        self._next_digest_check = 0.0
 
     def notify(self, _payload: str | None = None) -> None:
         """Notifications were owed (a run finished, a replay): look now."""
         self.wakeup.set()
 
-    async def run_once(self) -> Counter[str]:
-        """Drain mode: take back expired claims, then send everything available now.
-        Returns counts by outcome (sent, retry, dead, lost, fenced, released)."""
+    async def run_once(self, *, digests: bool = True) -> Counter[str]:
+        """Drain mode: take back expired claims, owe the digests of dropped ticks of the last
+        whole period (``digests``), then send everything available now. Returns counts by
+        outcome (sent, retry, dead, lost, fenced, released; digests_owed)."""
         counts = await self._reclaim()
+        if digests:
+            result = await queries.outbox_owe_digests(
+                self.pool, self.clock.sql_now(), self.settings.digest_period
+            )
+            # Nothing new to owe before the next period ends (on the database's clock).
+            wait = min(max(1.0, result["seconds_to_next"]), DIGEST_CHECK_SECONDS)
+            self._next_digest_check = anyio.current_time() + wait
+            if result["owed"]:
+                counts["digests_owed"] += result["owed"]
+                log.info("notification.digests_owed", owed=result["owed"])
         while True:
             rows = await queries.outbox_claim_batch(
                 self.pool,
@@ -256,7 +279,9 @@ class Notifier:
         return name
 
     async def _tick(self) -> float:
-        await self.run_once()
+        # Owing digests reads a period of finished runs: once per replica after each period
+        # ends (the idempotency key makes a repeat, here or on another replica, change nothing).
+        await self.run_once(digests=anyio.current_time() >= self._next_digest_check)
         ahead = await queries.outbox_seconds_until_work(self.pool, self.clock.sql_now())
         cap = self.settings.max_sleep.total_seconds()
         # A claim that expires wakes us just after, to take it back.

@@ -569,6 +569,14 @@ async def outbox_claim_batch(
     ]
 
 
+async def outbox_owe_digests(db: DB, now: datetime | None, period: timedelta) -> Record:
+    """Owe the digests of the last whole period: ``owed`` (outbox rows written) and
+    ``seconds_to_next`` (until the next period ends)."""
+    row: Record | None = await db.fetchrow(_Q["outbox_owe_digests"], now, period)
+    assert row is not None  # one row always
+    return row
+
+
 async def outbox_settle_many(
     db: DB,
     now: datetime | None,

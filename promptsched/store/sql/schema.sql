@@ -106,6 +106,18 @@ CREATE VIEW public.notify_channels AS
                 CASE
                     WHEN ((jsonb_typeof((s.notify -> 'webhook'::text)) = 'object'::text) AND (jsonb_typeof(((s.notify -> 'webhook'::text) -> 'url'::text)) = 'string'::text)) THEN ((s.notify -> 'webhook'::text) - 'secret'::text)
                     ELSE NULL::jsonb
+                END), ('slack'::text,
+                CASE
+                    WHEN (jsonb_typeof(((s.notify -> 'slack'::text) -> 'url'::text)) = 'string'::text) THEN jsonb_build_object('host', COALESCE("substring"(((s.notify -> 'slack'::text) ->> 'url'::text), '^[a-z]+://([^/:?#]+)'::text), '?'::text))
+                    ELSE NULL::jsonb
+                END), ('discord'::text,
+                CASE
+                    WHEN (jsonb_typeof(((s.notify -> 'discord'::text) -> 'url'::text)) = 'string'::text) THEN jsonb_build_object('host', COALESCE("substring"(((s.notify -> 'discord'::text) ->> 'url'::text), '^[a-z]+://([^/:?#]+)'::text), '?'::text))
+                    ELSE NULL::jsonb
+                END), ('ntfy'::text,
+                CASE
+                    WHEN (jsonb_typeof(((s.notify -> 'ntfy'::text) -> 'url'::text)) = 'string'::text) THEN jsonb_build_object('host', COALESCE("substring"(((s.notify -> 'ntfy'::text) ->> 'url'::text), '^[a-z]+://([^/:?#]+)'::text), '?'::text))
+                    ELSE NULL::jsonb
                 END)) c(channel, target))
   WHERE (c.target IS NOT NULL);
 CREATE TABLE public.outbox (
@@ -125,8 +137,9 @@ CREATE TABLE public.outbox (
     idempotency_key text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     sent_at timestamp with time zone,
-    CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text]))),
-    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text]))),
+    details jsonb,
+    CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text, 'slack'::text, 'discord'::text, 'ntfy'::text]))),
+    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text]))),
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'sent'::text, 'dead'::text])))

@@ -24,7 +24,8 @@ RETURNING o.id, o.run_id, o.channel, o.status, o.attempts;
 -- Lock up to $2 available notifications in claim-index order, skipping rows other notifiers
 -- hold, and mint a claim token for each; the ORDER BY matches outbox_claim_idx. The first
 -- claim stamps the configured maximum ($4) so the row shows the limit it lives under. The
--- webhook secret is read from the schedule now (it is never copied into the outbox).
+-- webhook secret, and a chat channel's URL (its credential), are read from the schedule now:
+-- they are never copied into the outbox.
 WITH candidates AS (
     SELECT id
     FROM outbox
@@ -42,10 +43,12 @@ WITH candidates AS (
     FROM candidates c
     WHERE o.id = c.id
     RETURNING o.id, o.run_id, o.schedule_id, o.channel, o.target, o.event, o.attempts,
-              o.max_attempts, o.claim_token, o.idempotency_key
+              o.max_attempts, o.claim_token, o.idempotency_key, o.details
 )
 SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
        s.notify -> 'webhook' ->> 'secret' AS webhook_secret,
+       CASE WHEN c.channel IN ('slack', 'discord', 'ntfy') THEN s.notify -> c.channel ->> 'url'
+       END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
        r.finished_at
 FROM claimed c
@@ -129,3 +132,58 @@ WITH replayed AS (
 )
 SELECT r.*, (SELECT count(*) FROM woke)::int AS woken
 FROM replayed r;
+
+-- name: outbox_owe_digests
+-- The digests owed for the last whole period (of length $2, aligned to the Unix epoch) that
+-- ended at or before $1: per schedule that dropped ticks in it, the slots dropped by reason,
+-- owed to each of its targets that asked for failures. A skipped row stands for itself and
+-- its missed_slots; a run that did start stands for the missed_slots the misfire policy folded
+-- into it (reason misfire); a tick skipped because the schedule was paused is not a loss. Rows
+-- are counted in the period of their finished_at (a skipped row is finished when it is
+-- written), found through runs_finished_idx. The key names the period, so every replica may
+-- run this as often as it likes: the first one owes, the others change nothing. Also returns
+-- the seconds until the next period ends, when there is something new to owe.
+WITH bounds AS (
+    SELECT to_timestamp(floor(extract(epoch FROM coalesce($1::timestamptz, now()))
+                              / extract(epoch FROM $2::interval))
+                        * extract(epoch FROM $2::interval)) AS period_end
+), dropped AS (
+    SELECT r.schedule_id,
+           CASE WHEN r.status = 'skipped' THEN coalesce(r.skip_reason, 'unknown')
+                ELSE 'misfire' END AS reason,
+           sum(CASE WHEN r.status = 'skipped' THEN r.missed_slots + 1
+                    ELSE r.missed_slots END)::int AS slots,
+           max(r.id) AS last_run
+    FROM runs r
+    CROSS JOIN bounds b
+    WHERE r.finished_at >= b.period_end - $2::interval AND r.finished_at < b.period_end
+      AND ((r.status = 'skipped' AND r.skip_reason IS DISTINCT FROM 'disabled')
+           OR (r.status <> 'skipped' AND r.missed_slots > 0))
+    GROUP BY 1, 2
+), per_schedule AS (
+    SELECT schedule_id, jsonb_object_agg(reason, slots ORDER BY reason) AS reasons,
+           sum(slots)::int AS total, max(last_run) AS run_id
+    FROM dropped
+    GROUP BY schedule_id
+), owed AS (
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key, details,
+                        available_at, created_at)
+    SELECT p.run_id, p.schedule_id, c.channel, c.target, 'digest',
+           format('promptsched-digest-%s-%s-%s', p.schedule_id,
+                  extract(epoch FROM b.period_end)::bigint, c.channel),
+           jsonb_build_object('dropped', p.reasons, 'total', p.total,
+                              'period_start', b.period_end - $2::interval,
+                              'period_end', b.period_end),
+           coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    FROM per_schedule p
+    CROSS JOIN bounds b
+    JOIN notify_channels c ON c.schedule_id = p.schedule_id AND c.on_failure
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woke AS (
+    SELECT pg_notify('promptsched_outbox', 'digest') FROM (SELECT 1 FROM owed LIMIT 1) o
+)
+SELECT (SELECT count(*) FROM owed)::int AS owed, (SELECT count(*) FROM woke)::int AS woken,
+       extract(epoch FROM (b.period_end + $2::interval - coalesce($1::timestamptz, now())))::float8
+           AS seconds_to_next
+FROM bounds b;
