@@ -208,6 +208,22 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.provider_in_flight = Gauge(
+            "provider_in_flight",
+            "Running runs of a provider across the whole fleet, as this process last counted "
+            "them when it claimed under the provider's fleet-wide limits",
+            ["provider"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.throttled_claims = Counter(
+            "provider_throttled_claims",
+            "Claims that took nothing because a provider's fleet-wide limit was reached, by "
+            "the limit (concurrency, rate); the runs wait as pending rows",
+            ["provider", "reason"],
+            namespace=ns,
+            registry=registry,
+        )
         self.role_errors = Counter(
             "role_errors",
             "Unexpected errors a role survived (it retries with backoff)",

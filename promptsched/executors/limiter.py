@@ -3,7 +3,9 @@ a token-bucket request rate.
 
 The dispatcher asks ``available()`` before claiming runs from the database and takes one
 ``Permit`` per claimed run, so a rush waits as ``pending`` rows (no lease held), not as
-claimed runs queued in memory. Limits are per process: N replicas allow N x the limit.
+claimed runs queued in memory. A ``fleet`` limiter's limits also hold for every replica
+together: the claim checks them in Postgres (``roles/worker/pool.py``, docs/providers.md), and
+this process's own permits never exceed them either.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Limiter:
         *,
         burst: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fleet: bool = False,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -79,6 +82,7 @@ class Limiter:
         self._updated = clock()
         self._in_use = 0
         self._changed: anyio.Event | None = None
+        self.fleet = fleet  # the limits hold for the whole fleet, checked at claim time
 
     @property
     def max_concurrency(self) -> int:
@@ -87,6 +91,11 @@ class Limiter:
     @property
     def rate_per_second(self) -> float | None:
         return self._rate
+
+    @property
+    def burst(self) -> float:
+        """The most rate tokens held at once (one second's worth by default)."""
+        return self._capacity
 
     @property
     def in_use(self) -> int:

@@ -44,7 +44,7 @@ def build_registry(
         for name, provider in settings.items()
     }
     limiters = {
-        name: Limiter(provider.max_concurrency, provider.rate_per_second)
+        name: Limiter(provider.max_concurrency, provider.rate_per_second, fleet=provider.fleet)
         for name, provider in settings.items()
     }
     return Registry(executors), limiters

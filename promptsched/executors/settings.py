@@ -66,6 +66,9 @@ class ProviderSettings:
     request_timeout: timedelta = DEFAULT_TIMEOUT
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     rate_per_second: float | None = None
+    # The limits hold for the whole fleet (checked in Postgres at claim time): always for a
+    # real provider; for ``echo`` only when a limit was set (its default is a local cap).
+    fleet: bool = True
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Where base_url was set (TOML key or variable), for startup errors about it.
     base_url_field: str | None = field(default=None, compare=False)
@@ -217,6 +220,7 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         request_timeout=request_timeout,
         max_concurrency=_positive_int(raw.get("max_concurrency"), default_concurrency),
         rate_per_second=_rate(raw.get("rate_per_second")),
+        fleet=kind != "echo" or "max_concurrency" in raw or "rate_per_second" in raw,
         headers=_headers(raw.get("headers")),
         base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )

@@ -386,6 +386,30 @@ async def run_claim_batch(
     return Claim([_claimed_run(row) for row in found if row["id"] is not None], claimable)
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderRoom:
+    """What a provider's fleet-wide limits leave right now (read under ``provider_lock``)."""
+
+    running: int  # its running runs across the fleet
+    tokens: float | None  # its rate bucket's tokens, None without a rate limit
+
+
+async def provider_lock(db: DB, provider: str) -> None:
+    await db.execute(_Q["provider_lock"], provider)
+
+
+async def provider_room(
+    db: DB, now: datetime | None, provider: str, rate: float | None, burst: float
+) -> ProviderRoom:
+    row = await db.fetchrow(_Q["provider_room"], now, provider, rate, burst)
+    assert row is not None
+    return ProviderRoom(row["running"], row["tokens"])
+
+
+async def provider_spend(db: DB, now: datetime | None, provider: str, tokens: float) -> None:
+    await db.execute(_Q["provider_spend"], now, provider, tokens)
+
+
 async def run_heartbeat_many(
     db: DB,
     now: datetime | None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -116,6 +117,7 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: str
     json: Any
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass

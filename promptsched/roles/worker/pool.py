@@ -85,6 +85,7 @@ class WorkerPool:
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
+        self._fleet_waits: dict[str, float] = {}  # provider -> wait, while a fleet limit binds
         # Attempts whose executor is running. An attempt whose final write is queued still
         # holds its lease (it stays in ``inflight``, heartbeats go on) but not a slot, so the
         # next claim overlaps the previous batch's write.
@@ -128,14 +129,17 @@ class WorkerPool:
             want = min(self._free_slots(), limiter.available())
             if want <= 0:
                 continue
-            rows = await queries.run_claim_batch(
-                self.pool,
-                self.clock.sql_now(),
-                provider,
-                want,
-                self.worker_id,
-                self.heartbeat.lease,
-            )
+            if limiter.fleet:
+                rows = await self._claim_within_fleet_limits(provider, limiter, want)
+            else:
+                rows = await queries.run_claim_batch(
+                    self.pool,
+                    self.clock.sql_now(),
+                    provider,
+                    want,
+                    self.worker_id,
+                    self.heartbeat.lease,
+                )
             self._count_claim(rows)
             for row in rows:
                 permit = limiter.try_acquire()
@@ -156,6 +160,45 @@ class WorkerPool:
         self._update_slot_gauge()
         return started
 
+    async def _claim_within_fleet_limits(
+        self, provider: str, limiter: Limiter, want: int
+    ) -> queries.Claim:
+        """Claim at most what the provider's limits leave for the whole fleet: its running runs
+        (every replica's) below ``max_concurrency``, and whole tokens of its shared rate bucket.
+        Claimers of one provider take turns on an advisory lock for the few statements this
+        takes, so two replicas never both fill the last free place (docs/providers.md)."""
+        now = self.clock.sql_now()
+        rate = limiter.rate_per_second
+        async with self.pool.acquire() as conn, conn.transaction():
+            await queries.provider_lock(conn, provider)
+            room = await queries.provider_room(conn, now, provider, rate, limiter.burst)
+            self._child(self.metrics.provider_in_flight, provider).set(room.running)
+            allowed = min(want, limiter.max_concurrency - room.running)
+            if room.tokens is not None:
+                allowed = min(allowed, int(room.tokens + 1e-9))
+            if allowed <= 0:
+                reason = "concurrency" if room.running >= limiter.max_concurrency else "rate"
+                self._child(self.metrics.throttled_claims, provider, reason).inc()
+                self._fleet_waits[provider] = self._fleet_backoff(provider, limiter, room)
+                return queries.Claim([], 0)
+            self._fleet_waits.pop(provider, None)
+            rows = await queries.run_claim_batch(
+                conn, now, provider, allowed, self.worker_id, self.heartbeat.lease
+            )
+            if room.tokens is not None:
+                await queries.provider_spend(conn, now, provider, room.tokens - len(rows))
+        self._child(self.metrics.provider_in_flight, provider).set(room.running + len(rows))
+        return rows
+
+    def _fleet_backoff(self, provider: str, limiter: Limiter, room: queries.ProviderRoom) -> float:
+        """How long to wait before asking a throttled provider again: until its next rate
+        token, or (when full) 50 ms doubling to 1 s, since another replica's finish does not
+        wake this one."""
+        if room.running < limiter.max_concurrency and room.tokens is not None:
+            assert limiter.rate_per_second is not None
+            return max(0.01, (1.0 - room.tokens) / limiter.rate_per_second)
+        return min(1.0, max(0.05, self._fleet_waits.get(provider, 0.0) * 2))
+
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
         by another claimer (SKIP LOCKED passed them over), whatever it got besides; a run
@@ -171,12 +214,14 @@ class WorkerPool:
         rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
         if not ready:
             return max(0.0, min([cap, *rate_waits]))
+        if self._fleet_waits:  # a fleet-wide limit held a provider's last claim back
+            cap = min(cap, *self._fleet_waits.values())
         ahead = await queries.run_seconds_until_available(self.pool, self.clock.sql_now(), ready)
         if ahead is not None and ahead <= 0:
             # Available work we could not claim: another replica holds it, or a serial run
             # waits for its predecessor. Back off (50 ms doubling to 1 s) rather than spin.
             self._blocked_backoff = min(1.0, max(0.05, self._blocked_backoff * 2))
-            return self._blocked_backoff
+            return min(cap, self._blocked_backoff)
         self._blocked_backoff = 0.0
         return cap if ahead is None else min(cap, ahead)
 

@@ -157,6 +157,11 @@ CREATE TABLE public.promptsched_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
+CREATE TABLE public.provider_buckets (
+    provider text NOT NULL,
+    tokens double precision NOT NULL,
+    updated_at timestamp with time zone NOT NULL
+);
 CREATE TABLE public.run_attempts (
     attempt_id uuid NOT NULL,
     run_id bigint NOT NULL,
@@ -246,6 +251,8 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
+ALTER TABLE ONLY public.provider_buckets
+    ADD CONSTRAINT provider_buckets_pkey PRIMARY KEY (provider);
 ALTER TABLE ONLY public.run_attempts
     ADD CONSTRAINT run_attempts_pkey PRIMARY KEY (attempt_id);
 ALTER TABLE ONLY public.run_attempts
@@ -269,6 +276,7 @@ CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (f
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
 CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
+CREATE INDEX runs_running_provider_idx ON public.runs USING btree (provider) WHERE (status = 'running'::text);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);

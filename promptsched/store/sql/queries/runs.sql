@@ -272,3 +272,28 @@ WITH old AS (
     DELETE FROM runs r USING old WHERE r.id = old.id RETURNING r.id
 )
 SELECT count(*)::int FROM gone;
+
+-- name: provider_lock
+-- Serialize the limited claims of one provider across the fleet until the transaction ends.
+-- Its own statement: the next one's snapshot then sees every claim committed before ours.
+SELECT pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || $1, 0));
+
+-- name: provider_room
+-- Under provider_lock: the provider's running runs (a dead replica's count until the reaper
+-- returns them) and its rate bucket refilled to now ($3 per second, at most $4), NULL tokens
+-- when the provider has no rate limit.
+SELECT (SELECT count(*) FROM runs WHERE status = 'running' AND provider = $2)::int AS running,
+       CASE WHEN $3::float8 IS NULL THEN NULL
+            WHEN b.provider IS NULL THEN $4::float8  -- a first claim: the bucket is full
+            ELSE least($4::float8, b.tokens + $3::float8 * greatest(0.0, extract(epoch FROM
+                     coalesce($1::timestamptz, clock_timestamp()) - b.updated_at))::float8)
+       END AS tokens
+FROM (SELECT 1) AS one
+LEFT JOIN provider_buckets b ON b.provider = $2;
+
+-- name: provider_spend
+-- Under provider_lock: the bucket after this claim took its runs' tokens.
+INSERT INTO provider_buckets (provider, tokens, updated_at)
+VALUES ($2, $3, coalesce($1::timestamptz, clock_timestamp()))
+ON CONFLICT (provider) DO UPDATE
+SET tokens = excluded.tokens, updated_at = greatest(provider_buckets.updated_at, excluded.updated_at);

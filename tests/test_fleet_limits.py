@@ -1,0 +1,124 @@
+"""Provider limits hold for the whole fleet (issue 19, part 1), with real ``promptsched run``
+processes against a fake OpenAI-compatible server on loopback that counts what it receives:
+three replicas never send more than the provider's ``MAX_CONCURRENCY`` at once over a rush,
+also while one is SIGKILLed and restarted, and never more than its ``RATE`` allows in any
+window. Each replica alone would allow the full limit (the per-process cap is the same
+number), so without the coordination in Postgres both tests see about three times the limit.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.fakes import openai_server as fake_server
+from tests.helpers import Service, wait_until
+from tests.test_providers_integration import PROVIDER, provider_env
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 8
+RUSH = 240
+
+
+async def _schedule(pool: asyncpg.Pool[Any]) -> int:
+    sid: int = await pool.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt, provider, enabled, next_fire_at) "
+        "VALUES ('rush', 'cron', '0 0 1 1 *', 'hello', $1, true, NULL) RETURNING id",
+        PROVIDER,
+    )
+    return sid
+
+
+async def _rush(pool: asyncpg.Pool[Any], sid: int, count: int) -> None:
+    """``count`` runs due now, as a backfill or a burst of triggers would leave them."""
+    await pool.execute(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT $1, now() - make_interval(secs => g), 'backfill', $2, 3, now() "
+        "FROM generate_series(1, $3) AS g",
+        sid,
+        PROVIDER,
+        count,
+    )
+
+
+async def _succeeded(pool: asyncpg.Pool[Any]) -> int:
+    done: int = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+    return done
+
+
+def _replicas(dsn: str, tmp_path: Path, env: dict[str, str], count: int = 3) -> list[Service]:
+    return [
+        Service(dsn, tmp_path / f"replica-{i}.log", env=env, args=("--workers", "16"))
+        for i in range(count)
+    ]
+
+
+async def test_three_replicas_never_exceed_the_providers_concurrency(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    fake.default = fake_server.slow(0.15)  # requests overlap: concurrency is what binds
+    env = provider_env(fake.base_url, max_concurrency=str(LIMIT), timeout="30s")
+    sid = await _schedule(pool)
+    replicas = _replicas(dsn, tmp_path, env)
+    try:
+        for replica in replicas:
+            await replica.ready()
+        await _rush(pool, sid, RUSH)
+
+        async def a_third_done() -> bool:
+            return await _succeeded(pool) >= RUSH // 3
+
+        await wait_until(a_third_done, timeout=60, what="a third of the rush")
+        replicas[0].signal(signal.SIGKILL)  # its running runs count until the reaper has them
+        replicas[0].stop()  # reaps the killed process
+        replicas[0] = Service(dsn, tmp_path / "replica-0b.log", env=env, args=("--workers", "16"))
+        await replicas[0].ready()
+
+        async def all_done() -> bool:
+            return await _succeeded(pool) == RUSH
+
+        await wait_until(all_done, timeout=120, what="the whole rush")
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert len(fake.requests) >= RUSH
+    assert fake.max_in_flight <= LIMIT, fake.max_in_flight
+    assert fake.max_in_flight >= LIMIT - 2  # the limit was used, not just never reached
+    workers = await pool.fetch("SELECT DISTINCT worker_id FROM run_attempts")
+    assert len(workers) >= 2  # the replicas shared the rush
+
+
+async def test_three_replicas_share_the_providers_request_rate(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    rate, runs = 5, 40
+    env = provider_env(fake.base_url, rate=str(rate), timeout="30s")
+    sid = await _schedule(pool)
+    replicas = _replicas(dsn, tmp_path, env)
+    try:
+        for replica in replicas:
+            await replica.ready()
+        await _rush(pool, sid, runs)
+
+        async def all_done() -> bool:
+            return await _succeeded(pool) == runs
+
+        await wait_until(all_done, timeout=60, what="every run")
+    finally:
+        for replica in replicas:
+            replica.stop()
+    times = sorted(r.at for r in fake.requests)
+    assert len(times) == runs
+    # A token bucket of one second's worth (5) refilled at 5/s admits at most 5 + 5 * w in
+    # any window of w seconds; 0.3 s of slack for the time between a claim and its request
+    # (three replicas with a bucket each would send 15 at once).
+    window = 0.5
+    for i, start in enumerate(times):
+        inside = sum(1 for t in times[i:] if t - start <= window)
+        assert inside <= rate + rate * (window + 0.3), (start - times[0], inside)
+    assert times[-1] - times[0] >= (runs - rate) / rate - 0.5
