@@ -51,11 +51,23 @@ async def _baseline(dsn: str, conn: asyncpg.Connection[Any], size: int, analyze:
     return size / elapsed
 
 
+# A fleet-wide limit far above what binds: the claim then takes the provider's advisory lock,
+# counts its running runs and reads its rate bucket (docs/providers.md) on every claim.
+FLEET_LIMITED = {"PROMPTSCHED_PROVIDER_ECHO_MAX_CONCURRENCY": "100000",
+                 "PROMPTSCHED_PROVIDER_ECHO_RATE": "1000000"}  # fmt: skip
+
+
 async def _service(
-    dsn: str, conn: asyncpg.Connection[Any], size: int, workers: int, analyze: bool, log: Path
+    dsn: str,
+    conn: asyncpg.Connection[Any],
+    size: int,
+    workers: int,
+    analyze: bool,
+    log: Path,
+    env: dict[str, str] | None = None,
 ) -> float:
     await _fill(conn, 0, analyze)
-    process = Process(dsn, log, {"PROMPTSCHED_WORKERS": str(workers)})
+    process = Process(dsn, log, {"PROMPTSCHED_WORKERS": str(workers), **(env or {})})
     try:
         await asyncio.sleep(2)  # service start-up is not measured
         await _fill(conn, size, analyze)
@@ -89,6 +101,13 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
                 )
                 results[f"service_{workers}_runs_per_s_{label}"] = rate
                 results[f"service_{workers}_vs_bare_{label}"] = rate / bare
+                if analyze:  # the same drain under a fleet-wide limit that never binds
+                    limited = await _service(
+                        dsn, conn, size, workers, analyze,
+                        workdir / f"w1-{workers}-fleet-limited.log", FLEET_LIMITED,
+                    )  # fmt: skip
+                    results[f"service_{workers}_fleet_limited_runs_per_s"] = limited
+                    results[f"service_{workers}_fleet_limited_vs_unlimited"] = limited / rate
     finally:
         await conn.close()
     return results
