@@ -216,10 +216,18 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.provider_breaker = Gauge(
+            "provider_breaker_state",
+            "A provider's fleet-wide circuit breaker as this process last saw it: 0 closed, "
+            "1 half-open (one probe at a time), 2 open (no request is sent)",
+            ["provider"],
+            namespace=ns,
+            registry=registry,
+        )
         self.throttled_claims = Counter(
             "provider_throttled_claims",
             "Claims that took nothing because a provider's fleet-wide limit was reached, by "
-            "the limit (concurrency, rate); the runs wait as pending rows",
+            "the limit (concurrency, rate, open: its breaker); the runs wait as pending rows",
             ["provider", "reason"],
             namespace=ns,
             registry=registry,

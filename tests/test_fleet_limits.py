@@ -12,8 +12,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import openai_server as fake_server
 from tests.helpers import Service, wait_until
@@ -44,11 +46,26 @@ async def _rush(pool: asyncpg.Pool[Any], sid: int, count: int) -> None:
         PROVIDER,
         count,
     )
+    await pool.execute("SELECT pg_notify('promptsched_runs', 'rush')")  # every replica wakes
 
 
 async def _succeeded(pool: asyncpg.Pool[Any]) -> int:
     done: int = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
     return done
+
+
+async def _throttled(replica: Service, reason: str) -> float:
+    """The replica's ``promptsched_provider_throttled_claims_total`` for ``reason``."""
+    port = (await replica.wait_event("api.listening"))["port"]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as reply:
+            text = await reply.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == "promptsched_provider_throttled_claims_total"
+                    and sample.labels.get("reason") == reason):  # fmt: skip
+                return float(sample.value)
+    return 0.0
 
 
 def _replicas(dsn: str, tmp_path: Path, env: dict[str, str], count: int = 3) -> list[Service]:
@@ -122,3 +139,42 @@ async def test_three_replicas_share_the_providers_request_rate(
         inside = sum(1 for t in times[i:] if t - start <= window)
         assert inside <= rate + rate * (window + 0.3), (start - times[0], inside)
     assert times[-1] - times[0] >= (runs - rate) / rate - 0.5
+
+
+async def test_a_429_seen_by_one_replica_cools_the_provider_down_for_both(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    wait = 3.0
+    # Enough work for 5 s at full speed: without a shared cool-down it goes on right through
+    # the 3 s the provider asked for.
+    fake.default = fake_server.slow(0.1)
+    fake.script(*[fake_server.slow(0.1)] * 4, fake_server.rate_limited(f"{wait:g}"))
+    env = provider_env(fake.base_url, max_concurrency="4", timeout="30s")
+    sid = await _schedule(pool)
+    replicas = _replicas(dsn, tmp_path, env, count=2)
+    runs = 200
+    try:
+        for replica in replicas:
+            await replica.ready()
+        await _rush(pool, sid, runs)
+
+        async def all_done() -> bool:
+            return await _succeeded(pool) == runs
+
+        await wait_until(all_done, timeout=60, what="every run, after the cool-down")
+        # Each replica, the one that met the 429 and the other, held back claims while the
+        # breaker was open.
+        for replica in replicas:
+            assert await _throttled(replica, "open") >= 1, replica.log_path.name
+    finally:
+        for replica in replicas:
+            replica.stop()
+    limited = fake.requests[4]
+    after = sorted(r.at - limited.at for r in fake.requests if r.at > limited.at)
+    # Requests already on their way when the 429 came back may still arrive just after it;
+    # then nothing, from either replica, until the provider's Retry-After has passed.
+    quiet = [t for t in after if 0.3 < t < wait - 0.1]
+    assert quiet == [], quiet
+    assert after and after[-1] >= wait - 0.1  # the rest went out after the cool-down
+    row = await pool.fetchrow("SELECT open_until, failures FROM provider_buckets")
+    assert row is not None and row["open_until"] is None and row["failures"] == 0  # closed again

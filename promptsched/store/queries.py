@@ -392,6 +392,14 @@ class ProviderRoom:
 
     running: int  # its running runs across the fleet
     tokens: float | None  # its rate bucket's tokens, None without a rate limit
+    open_until: datetime | None  # its breaker: None closed, else open until (half-open after)
+    open: bool  # the breaker is open now
+    open_for: float  # seconds until it may be asked again (half-open), when open
+    failures: int  # retryable failures in a row
+
+    @property
+    def half_open(self) -> bool:
+        return self.open_until is not None and not self.open
 
 
 async def provider_lock(db: DB, provider: str) -> None:
@@ -403,11 +411,39 @@ async def provider_room(
 ) -> ProviderRoom:
     row = await db.fetchrow(_Q["provider_room"], now, provider, rate, burst)
     assert row is not None
-    return ProviderRoom(row["running"], row["tokens"])
+    return ProviderRoom(
+        row["running"], row["tokens"], row["open_until"], row["open"], row["open_for"],
+        row["failures"],
+    )  # fmt: skip
 
 
 async def provider_spend(db: DB, now: datetime | None, provider: str, tokens: float) -> None:
     await db.execute(_Q["provider_spend"], now, provider, tokens)
+
+
+async def provider_trip(
+    db: DB,
+    now: datetime | None,
+    provider: str,
+    retry_after: float | None,
+    *,
+    threshold: int,
+    base: float,
+    cap: float,
+) -> datetime | None:
+    """Count a retryable failure; the breaker's open_until afterwards (None: still closed)."""
+    until: datetime | None = await db.fetchval(
+        _Q["provider_trip"], now, provider, retry_after, threshold, base, cap
+    )
+    return until
+
+
+async def provider_recover(db: DB, provider: str, *, probe: bool) -> None:
+    await db.execute(_Q["provider_recover"], provider, probe)
+
+
+async def provider_cooling(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["provider_cooling"], now)
 
 
 async def run_heartbeat_many(

@@ -42,6 +42,14 @@ from promptsched.store import queries
 
 log = structlog.get_logger("worker")
 
+# The fleet's circuit breaker of a provider (docs/providers.md): a 429 with Retry-After opens it
+# for that long; otherwise BREAKER_FAILURES retryable failures in a row open it for
+# BREAKER_BASE seconds, doubling per further failure up to BREAKER_MAX.
+BREAKER_FAILURES = 5
+BREAKER_BASE = 30.0
+BREAKER_MAX = 300.0
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
 
 def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
     """What every log line of an attempt is bound to."""
@@ -86,6 +94,9 @@ class WorkerPool:
         self.claiming = True
         self._blocked_backoff = 0.0
         self._fleet_waits: dict[str, float] = {}  # provider -> wait, while a fleet limit binds
+        self._breaker: dict[str, str] = {}  # provider -> its breaker as last read at a claim
+        self._failing: dict[str, bool] = {}  # provider -> failures counted at the last claim
+        self._probes: set[int] = set()  # runs claimed as a half-open breaker's probe
         # Attempts whose executor is running. An attempt whose final write is queued still
         # holds its lease (it stays in ``inflight``, heartbeats go on) but not a slot, so the
         # next claim overlaps the previous batch's write.
@@ -173,11 +184,21 @@ class WorkerPool:
             await queries.provider_lock(conn, provider)
             room = await queries.provider_room(conn, now, provider, rate, limiter.burst)
             self._child(self.metrics.provider_in_flight, provider).set(room.running)
+            state = "open" if room.open else "half_open" if room.half_open else "closed"
+            self._breaker[provider] = state
+            self._failing[provider] = room.failures > 0
+            self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
             allowed = min(want, limiter.max_concurrency - room.running)
             if room.tokens is not None:
                 allowed = min(allowed, int(room.tokens + 1e-9))
-            if allowed <= 0:
-                reason = "concurrency" if room.running >= limiter.max_concurrency else "rate"
+            if room.half_open:  # one probe at a time until a success closes the breaker
+                allowed = min(allowed, 1 - room.running)
+            if room.open or allowed <= 0:
+                reason = (
+                    "open" if room.open
+                    else "concurrency" if room.running >= limiter.max_concurrency
+                    or room.half_open else "rate"
+                )  # fmt: skip
                 self._child(self.metrics.throttled_claims, provider, reason).inc()
                 self._fleet_waits[provider] = self._fleet_backoff(provider, limiter, room)
                 return queries.Claim([], 0)
@@ -187,6 +208,8 @@ class WorkerPool:
             )
             if room.tokens is not None:
                 await queries.provider_spend(conn, now, provider, room.tokens - len(rows))
+            if room.half_open:
+                self._probes.update(row.id for row in rows)
         self._child(self.metrics.provider_in_flight, provider).set(room.running + len(rows))
         return rows
 
@@ -194,10 +217,42 @@ class WorkerPool:
         """How long to wait before asking a throttled provider again: until its next rate
         token, or (when full) 50 ms doubling to 1 s, since another replica's finish does not
         wake this one."""
+        if room.open:  # until the provider may be asked again
+            return max(0.05, room.open_for)
         if room.running < limiter.max_concurrency and room.tokens is not None:
             assert limiter.rate_per_second is not None
             return max(0.01, (1.0 - room.tokens) / limiter.rate_per_second)
         return min(1.0, max(0.05, self._fleet_waits.get(provider, 0.0) * 2))
+
+    async def _report_to_breaker(
+        self, provider: str, outcome: ExecutionResult | ExecutorError | None, *, probe: bool
+    ) -> None:
+        """Tell the fleet's breaker of the provider what this attempt met: a 429 with
+        Retry-After opens it for every replica at once; other retryable failures open it after
+        BREAKER_FAILURES in a row; a success restarts the count, and a half-open probe's
+        success closes it. Never fails the attempt: its own write is already queued."""
+        try:
+            if isinstance(outcome, ExecutorError) and outcome.retryable:
+                until = await queries.provider_trip(
+                    self.pool, self.clock.sql_now(), provider, outcome.retry_after,
+                    threshold=BREAKER_FAILURES, base=BREAKER_BASE, cap=BREAKER_MAX,
+                )  # fmt: skip
+                if until is not None and self._breaker.get(provider) != "open":
+                    self._breaker[provider] = "open"
+                    gauge = self._child(self.metrics.provider_breaker, provider)
+                    gauge.set(BREAKER_STATES["open"])
+                    log.warning("provider.cooling_down", provider=provider,
+                                until=until.isoformat(), error=outcome.message)  # fmt: skip
+            elif isinstance(outcome, ExecutionResult) and (probe or self._failing.get(provider)):
+                await queries.provider_recover(self.pool, provider, probe=probe)
+                self._failing[provider] = False
+                if probe:
+                    self._breaker[provider] = "closed"
+                    gauge = self._child(self.metrics.provider_breaker, provider)
+                    gauge.set(BREAKER_STATES["closed"])
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self.metrics.role_errors.labels("worker").inc()
+            log.warning("provider.breaker_write_failed", provider=provider, error=repr(exc))
 
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
@@ -268,6 +323,11 @@ class WorkerPool:
             started = time.monotonic()
             outcome = await self._call_executor(row, attempt)
             submitted = self._settle(row, attempt, outcome, time.monotonic() - started)
+            if self.limiters[attempt.provider].fleet and attempt.stop is StopReason.NONE:
+                await self._report_to_breaker(
+                    attempt.provider, outcome, probe=row.id in self._probes
+                )
+            self._probes.discard(row.id)
         finally:
             self._executing -= 1
             if not submitted:

@@ -159,8 +159,11 @@ CREATE TABLE public.promptsched_migrations (
 );
 CREATE TABLE public.provider_buckets (
     provider text NOT NULL,
-    tokens double precision NOT NULL,
-    updated_at timestamp with time zone NOT NULL
+    tokens double precision,
+    updated_at timestamp with time zone,
+    open_until timestamp with time zone,
+    failures integer DEFAULT 0 NOT NULL,
+    reason text
 );
 CREATE TABLE public.run_attempts (
     attempt_id uuid NOT NULL,

@@ -280,14 +280,19 @@ SELECT pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || $1, 0))
 
 -- name: provider_room
 -- Under provider_lock: the provider's running runs (a dead replica's count until the reaper
--- returns them) and its rate bucket refilled to now ($3 per second, at most $4), NULL tokens
--- when the provider has no rate limit.
+-- returns them), its rate bucket refilled to now ($3 per second, at most $4; NULL tokens when
+-- the provider has no rate limit), and its breaker: open_until (NULL when closed).
 SELECT (SELECT count(*) FROM runs WHERE status = 'running' AND provider = $2)::int AS running,
        CASE WHEN $3::float8 IS NULL THEN NULL
-            WHEN b.provider IS NULL THEN $4::float8  -- a first claim: the bucket is full
+            WHEN b.tokens IS NULL THEN $4::float8  -- a first claim: the bucket is full
             ELSE least($4::float8, b.tokens + $3::float8 * greatest(0.0, extract(epoch FROM
                      coalesce($1::timestamptz, clock_timestamp()) - b.updated_at))::float8)
-       END AS tokens
+       END AS tokens,
+       b.open_until,
+       coalesce(b.open_until > coalesce($1::timestamptz, clock_timestamp()), false) AS open,
+       coalesce(extract(epoch FROM b.open_until - coalesce($1::timestamptz, clock_timestamp())),
+                0)::float8 AS open_for,
+       coalesce(b.failures, 0) AS failures
 FROM (SELECT 1) AS one
 LEFT JOIN provider_buckets b ON b.provider = $2;
 
@@ -296,4 +301,45 @@ LEFT JOIN provider_buckets b ON b.provider = $2;
 INSERT INTO provider_buckets (provider, tokens, updated_at)
 VALUES ($2, $3, coalesce($1::timestamptz, clock_timestamp()))
 ON CONFLICT (provider) DO UPDATE
-SET tokens = excluded.tokens, updated_at = greatest(provider_buckets.updated_at, excluded.updated_at);
+SET tokens = excluded.tokens,
+    updated_at = greatest(provider_buckets.updated_at, excluded.updated_at);
+
+-- name: provider_trip
+-- A retryable failure of one of the provider's attempts, seen by any replica. With $3 (the
+-- provider's Retry-After, in seconds) the breaker opens for at least that long at once; else
+-- it counts the failure and opens after $4 in a row, for $5 seconds doubling per further
+-- failure up to $6. Returns open_until.
+INSERT INTO provider_buckets AS b (provider, failures, open_until, reason)
+VALUES ($2, 1,
+        CASE WHEN $3::float8 IS NOT NULL
+             THEN coalesce($1::timestamptz, clock_timestamp()) + make_interval(secs => $3) END,
+        CASE WHEN $3::float8 IS NOT NULL THEN 'rate limited (429)' END)
+ON CONFLICT (provider) DO UPDATE
+SET failures = b.failures + 1,
+    open_until = CASE
+        WHEN $3::float8 IS NOT NULL THEN greatest(b.open_until,
+             coalesce($1::timestamptz, clock_timestamp()) + make_interval(secs => $3))
+        WHEN b.failures + 1 >= $4 THEN greatest(b.open_until,
+             coalesce($1::timestamptz, clock_timestamp())
+             + make_interval(secs => least($6::float8, $5::float8 * 2 ^ (b.failures + 1 - $4))))
+        ELSE b.open_until END,
+    reason = CASE
+        WHEN $3::float8 IS NOT NULL THEN 'rate limited (429)'
+        WHEN b.failures + 1 >= $4 THEN (b.failures + 1) || ' failures in a row'
+        ELSE b.reason END
+RETURNING open_until;
+
+-- name: provider_recover
+-- A success: the failure count restarts; a half-open probe's ($2) also closes the breaker. A
+-- run that was already in flight when the breaker opened does not close it.
+UPDATE provider_buckets
+SET failures = 0,
+    open_until = CASE WHEN $2 THEN NULL ELSE open_until END,
+    reason = CASE WHEN $2 THEN NULL ELSE reason END
+WHERE provider = $1 AND (failures > 0 OR ($2 AND open_until IS NOT NULL));
+
+-- name: provider_cooling
+-- Providers whose breaker is open now, for the console.
+SELECT provider, open_until, reason FROM provider_buckets
+WHERE open_until > coalesce($1::timestamptz, now())
+ORDER BY provider;
