@@ -320,3 +320,19 @@ async def test_a_dead_notification_is_listed_and_replayed(
     assert await pool.fetchval("SELECT status FROM outbox WHERE id = $1", nid) == "pending"
     again = await ui.post(f"/notifications/{nid}/replay", {"confirmed": "1"})
     assert again.status == 409 and "only dead notifications can be replayed" in again.text
+
+
+async def test_a_provider_cooling_down_is_shown_on_the_schedules_page(
+    ui: Console, pool: asyncpg.Pool[Any]
+) -> None:
+    await ui.login_as("alice")
+    assert "cooling down" not in (await ui.get("/")).text
+    await pool.execute(
+        "INSERT INTO provider_buckets (provider, open_until, failures, reason) "
+        "VALUES ('llm', now() + interval '2 minutes', 1, 'rate limited (429)'), "
+        "('old', now() - interval '1 minute', 0, 'rate limited (429)')"
+    )
+    page = (await ui.get("/")).text
+    assert "Provider <b>llm</b> is cooling down until" in page
+    assert "rate limited (429)" in page and "in 1 min" in page
+    assert "<b>old</b>" not in page  # its cool-down is over

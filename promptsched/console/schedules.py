@@ -21,7 +21,7 @@ HISTORY_PAGE = 20
 NEXT_IN_LIST = 1
 NEXT_ON_PAGE = 10
 
-_LIST = Template("""<div class="toolbar">
+_LIST = Template("""$cooling<div class="toolbar">
 <form method="get" action="/" class="search"><input name="q" type="search" value="$q" \
 placeholder="name contains…" aria-label="search by name">$owner_field
 <button type="submit" class="button">Search</button></form>
@@ -30,6 +30,11 @@ $table
 $more""")
 _EMPTY = Template('<p class="empty">$text</p>')
 _SCROLL = Template('<div class="table-scroll">$table</div>')
+_COOLING = Template(
+    '<p class="flash warn" role="status">Provider <b>$provider</b> is cooling down until '
+    "$until ($reason): no replica sends it a request until then; its runs wait as pending, "
+    "then one probe goes first.</p>\n"
+)
 _OWNER_FIELD = Template(""" <input name="owner" type="search" value="$owner" \
 placeholder="owner" aria-label="only this owner's schedules">""")
 _NAME = Template('<a href="/schedules/$id" class="name">$name</a>')
@@ -135,7 +140,16 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     query = {"q": name or "", "owner": owner, "after": str(rows[-1].id)} if more and rows else None
     more_link = layout.link("/?" + urlencode(query), "Next page →") if query else ""
     owner_field = _OWNER_FIELD(owner=owner) if ctx.who.admin else Markup("")
-    body = _LIST(q=name or "", owner_field=owner_field, table=table, more=more_link)
+    cooling = join(
+        _COOLING(
+            provider=c["provider"], reason=c["reason"] or "failing",
+            until=timefmt.stamp(c["open_until"], timefmt.zone("UTC"), ctx.now),
+        )
+        for c in await queries.provider_cooling(ctx.deps.pool, ctx.deps.clock.sql_now())
+    )  # fmt: skip
+    body = _LIST(
+        cooling=cooling, q=name or "", owner_field=owner_field, table=table, more=more_link
+    )
     return layout.page(ctx, "Schedules", body)
 
 
