@@ -53,7 +53,8 @@ async def _baseline(dsn: str, conn: asyncpg.Connection[Any], size: int, analyze:
 
 # A fleet-wide limit far above what binds: the claim then takes the provider's advisory lock,
 # counts its running runs and reads its rate bucket (docs/providers.md) on every claim.
-FLEET_LIMITED = {"PROMPTSCHED_PROVIDER_ECHO_MAX_CONCURRENCY": "100000",
+FLEET_LIMITED = {"PROMPTSCHED_PROVIDERS": "echo",
+                 "PROMPTSCHED_PROVIDER_ECHO_MAX_CONCURRENCY": "100000",
                  "PROMPTSCHED_PROVIDER_ECHO_RATE": "1000000"}  # fmt: skip
 
 
