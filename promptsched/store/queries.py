@@ -388,37 +388,46 @@ async def run_claim_batch(
 
 @dataclass(frozen=True, slots=True)
 class ProviderRoom:
-    """What a provider's fleet-wide limits leave right now (read under ``provider_lock``)."""
+    """What a provider's fleet-wide limits left at a limited claim (``provider_admit``)."""
 
-    running: int  # its running runs across the fleet
-    tokens: float | None  # its rate bucket's tokens, None without a rate limit
-    open_until: datetime | None  # its breaker: None closed, else open until (half-open after)
-    open: bool  # the breaker is open now
-    open_for: float  # seconds until it may be asked again (half-open), when open
+    allowed: int  # runs the claim could take
+    running: int  # the provider's running runs across the fleet, before this claim
+    open_for: float  # seconds its breaker stays open (0: not open)
+    half_open: bool  # one probe at a time
     failures: int  # retryable failures in a row
 
-    @property
-    def half_open(self) -> bool:
-        return self.open_until is not None and not self.open
+
+class LimitedClaim(Claim):
+    """A claim under a provider's fleet-wide limits, with the room they left."""
+
+    def __init__(self, rows: list[ClaimedRun], claimable: int, room: ProviderRoom) -> None:
+        super().__init__(rows, claimable)
+        self.room = room
 
 
-async def provider_lock(db: DB, provider: str) -> None:
-    await db.execute(_Q["provider_lock"], provider)
-
-
-async def provider_room(
-    db: DB, now: datetime | None, provider: str, rate: float | None, burst: float
-) -> ProviderRoom:
-    row = await db.fetchrow(_Q["provider_room"], now, provider, rate, burst)
-    assert row is not None
-    return ProviderRoom(
-        row["running"], row["tokens"], row["open_until"], row["open"], row["open_for"],
-        row["failures"],
+async def run_claim_limited(
+    db: DB,
+    now: datetime | None,
+    provider: str,
+    limit: int,
+    worker_id: str,
+    lease: timedelta,
+    *,
+    max_concurrency: int,
+    rate: float | None,
+    burst: float,
+) -> LimitedClaim:
+    found = await db.fetch(
+        _Q["run_claim_limited"], now, provider, limit, worker_id, lease, max_concurrency, rate,
+        burst,
     )  # fmt: skip
-
-
-async def provider_spend(db: DB, now: datetime | None, provider: str, tokens: float) -> None:
-    await db.execute(_Q["provider_spend"], now, provider, tokens)
+    first = found[0]
+    room = ProviderRoom(
+        first["allowed"], first["provider_running"], first["open_for"], first["half_open"],
+        first["failures"],
+    )  # fmt: skip
+    rows = [_claimed_run(row) for row in found if row["id"] is not None]
+    return LimitedClaim(rows, first["claimable"], room)
 
 
 async def provider_trip(

@@ -175,53 +175,45 @@ class WorkerPool:
         self, provider: str, limiter: Limiter, want: int
     ) -> queries.Claim:
         """Claim at most what the provider's limits leave for the whole fleet: its running runs
-        (every replica's) below ``max_concurrency``, and whole tokens of its shared rate bucket.
-        Claimers of one provider take turns on an advisory lock for the few statements this
-        takes, so two replicas never both fill the last free place (docs/providers.md)."""
-        now = self.clock.sql_now()
-        rate = limiter.rate_per_second
-        async with self.pool.acquire() as conn, conn.transaction():
-            await queries.provider_lock(conn, provider)
-            room = await queries.provider_room(conn, now, provider, rate, limiter.burst)
-            self._child(self.metrics.provider_in_flight, provider).set(room.running)
-            state = "open" if room.open else "half_open" if room.half_open else "closed"
-            self._breaker[provider] = state
-            self._failing[provider] = room.failures > 0
-            self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
-            allowed = min(want, limiter.max_concurrency - room.running)
-            if room.tokens is not None:
-                allowed = min(allowed, int(room.tokens + 1e-9))
-            if room.half_open:  # one probe at a time until a success closes the breaker
-                allowed = min(allowed, 1 - room.running)
-            if room.open or allowed <= 0:
-                reason = (
-                    "open" if room.open
-                    else "concurrency" if room.running >= limiter.max_concurrency
-                    or room.half_open else "rate"
-                )  # fmt: skip
-                self._child(self.metrics.throttled_claims, provider, reason).inc()
-                self._fleet_waits[provider] = self._fleet_backoff(provider, limiter, room)
-                return queries.Claim([], 0)
+        (every replica's) below ``max_concurrency``, whole tokens of its shared rate bucket,
+        nothing while its breaker is open and one probe while half-open. One statement: it
+        takes the provider's advisory lock, so two replicas never both fill the last free
+        place (docs/providers.md)."""
+        claim = await queries.run_claim_limited(
+            self.pool, self.clock.sql_now(), provider, want, self.worker_id, self.heartbeat.lease,
+            max_concurrency=limiter.max_concurrency, rate=limiter.rate_per_second,
+            burst=limiter.burst,
+        )  # fmt: skip
+        room = claim.room
+        state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"
+        self._breaker[provider] = state
+        self._failing[provider] = room.failures > 0
+        self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
+        self._child(self.metrics.provider_in_flight, provider).set(room.running + len(claim))
+        if room.allowed <= 0:
+            reason = (
+                "open" if state == "open"
+                else "concurrency" if room.running >= limiter.max_concurrency
+                or state == "half_open" else "rate"
+            )  # fmt: skip
+            self._child(self.metrics.throttled_claims, provider, reason).inc()
+            self._fleet_waits[provider] = self._fleet_backoff(provider, limiter, room, reason)
+        else:
             self._fleet_waits.pop(provider, None)
-            rows = await queries.run_claim_batch(
-                conn, now, provider, allowed, self.worker_id, self.heartbeat.lease
-            )
-            if room.tokens is not None:
-                await queries.provider_spend(conn, now, provider, room.tokens - len(rows))
-            if room.half_open:
-                self._probes.update(row.id for row in rows)
-        self._child(self.metrics.provider_in_flight, provider).set(room.running + len(rows))
-        return rows
+        if state == "half_open":
+            self._probes.update(row.id for row in claim)
+        return claim
 
-    def _fleet_backoff(self, provider: str, limiter: Limiter, room: queries.ProviderRoom) -> float:
-        """How long to wait before asking a throttled provider again: until its next rate
-        token, or (when full) 50 ms doubling to 1 s, since another replica's finish does not
-        wake this one."""
-        if room.open:  # until the provider may be asked again
+    def _fleet_backoff(
+        self, provider: str, limiter: Limiter, room: queries.ProviderRoom, reason: str
+    ) -> float:
+        """How long to wait before asking a throttled provider again: until its breaker
+        half-opens, until its next rate token, or (when full) 50 ms doubling to 1 s, since
+        another replica's finish does not wake this one."""
+        if reason == "open":
             return max(0.05, room.open_for)
-        if room.running < limiter.max_concurrency and room.tokens is not None:
-            assert limiter.rate_per_second is not None
-            return max(0.01, (1.0 - room.tokens) / limiter.rate_per_second)
+        if reason == "rate" and limiter.rate_per_second is not None:
+            return max(0.01, 1.0 / limiter.rate_per_second)
         return min(1.0, max(0.05, self._fleet_waits.get(provider, 0.0) * 2))
 
     async def _report_to_breaker(

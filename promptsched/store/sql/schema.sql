@@ -16,6 +16,38 @@ BEGIN
     RETURN written;
 END
 $$;
+CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b provider_buckets%ROWTYPE;
+    now_ timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || p_provider, 0));
+    SELECT count(*)::integer INTO running FROM runs r
+    WHERE r.status = 'running' AND r.provider = p_provider;
+    SELECT * INTO b FROM provider_buckets pb WHERE pb.provider = p_provider;
+    failures := coalesce(b.failures, 0);
+    open_for := greatest(0.0, coalesce(extract(epoch FROM b.open_until - now_), 0.0));
+    half_open := b.open_until IS NOT NULL AND b.open_until <= now_;
+    tokens := CASE WHEN p_rate IS NULL THEN NULL
+                   WHEN b.tokens IS NULL THEN p_burst
+                   ELSE least(p_burst, b.tokens + p_rate * greatest(0.0,
+                                extract(epoch FROM now_ - b.updated_at)::double precision))
+              END;
+    allowed := least(p_want, p_max - running);
+    IF tokens IS NOT NULL THEN
+        allowed := least(allowed, floor(tokens + 1e-9)::integer);
+    END IF;
+    IF open_for > 0 THEN
+        allowed := 0;
+    ELSIF half_open THEN
+        allowed := least(allowed, 1 - running);
+    END IF;
+    allowed := greatest(allowed, 0);
+    RETURN NEXT;
+END;
+$$;
 CREATE TABLE public.api_tokens (
     id bigint NOT NULL,
     owner text NOT NULL,

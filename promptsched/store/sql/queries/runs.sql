@@ -71,6 +71,84 @@ SELECT c.*, seen.claimable
 FROM seen
 LEFT JOIN claimed c ON true;
 
+-- name: run_claim_limited
+-- run_claim_batch for a provider with fleet-wide limits (docs/providers.md), in one round trip:
+-- provider_admit takes the provider's advisory lock and says how many of the $3 wanted runs
+-- its running runs ($6 at most), its rate bucket ($7 per second, burst $8) and its breaker
+-- leave; the claim takes at most that many, and the bucket is written back less what it took.
+-- The lock is held until this statement commits, so the next claimer counts these runs.
+WITH admit AS (
+    -- Takes the provider's advisory lock and reads its room (0009_provider_buckets.sql).
+    SELECT * FROM provider_admit($2, $3, $6, $7, $8, $1)
+), candidates AS (
+    SELECT r.id
+    FROM runs r
+    WHERE r.status = 'pending'
+      AND r.provider = $2
+      AND r.available_at <= coalesce($1::timestamptz, now())
+      AND (NOT r.serial OR NOT EXISTS (
+            SELECT 1 FROM runs o
+            WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+              AND o.slot < r.slot))
+    ORDER BY r.available_at, r.id
+    LIMIT (SELECT allowed FROM admit)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE runs r
+    SET status = 'running',
+        attempt_id = gen_random_uuid(),
+        attempts = r.attempts + 1,
+        worker_id = $4,
+        lease_expires_at = coalesce($1::timestamptz, now()) + $5::interval,
+        deadline_at = coalesce($1::timestamptz, now()) + s.timeout,
+        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
+    FROM schedules s
+    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
+    -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
+    -- the update that already joins it: a second join costs the planner on every claim.
+    RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
+              r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+              extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
+              extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
+                  AS start_lag
+), recorded AS (
+    INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
+    SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
+), spend AS (
+    -- The rate bucket after this claim took its runs' tokens (under the same lock).
+    INSERT INTO provider_buckets (provider, tokens, updated_at)
+    SELECT $2, a.tokens - (SELECT count(*) FROM claimed), coalesce($1::timestamptz, clock_timestamp())
+    FROM admit a WHERE a.tokens IS NOT NULL
+    ON CONFLICT (provider) DO UPDATE
+    SET tokens = excluded.tokens,
+        updated_at = greatest(provider_buckets.updated_at, excluded.updated_at)
+), seen AS (
+    -- A full claim met no contention worth counting and skips the second read: CASE
+    -- evaluates its ELSE subquery (an InitPlan) only when it is reached. Keep the predicate
+    -- the same as the candidates' (runs_claim_idx, bounded by the LIMIT).
+    SELECT CASE WHEN (SELECT count(*) FROM claimed) >= $3 THEN $3::int
+                ELSE (SELECT count(*)::int FROM (
+                          SELECT 1
+                          FROM runs r
+                          WHERE r.status = 'pending'
+                            AND r.provider = $2
+                            AND r.available_at <= coalesce($1::timestamptz, now())
+                            AND (NOT r.serial OR NOT EXISTS (
+                                  SELECT 1 FROM runs o
+                                  WHERE o.schedule_id = r.schedule_id
+                                    AND o.status IN ('pending', 'running')
+                                    AND o.slot < r.slot))
+                          ORDER BY r.available_at, r.id
+                          LIMIT $3) e)
+           END AS claimable
+)
+SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for,
+       a.half_open, a.failures
+FROM seen
+CROSS JOIN admit a
+LEFT JOIN claimed c ON true;
+
+
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from
 -- us (reaped, released or finished by another attempt): the caller fences that attempt.
@@ -272,37 +350,6 @@ WITH old AS (
     DELETE FROM runs r USING old WHERE r.id = old.id RETURNING r.id
 )
 SELECT count(*)::int FROM gone;
-
--- name: provider_lock
--- Serialize the limited claims of one provider across the fleet until the transaction ends.
--- Its own statement: the next one's snapshot then sees every claim committed before ours.
-SELECT pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || $1, 0));
-
--- name: provider_room
--- Under provider_lock: the provider's running runs (a dead replica's count until the reaper
--- returns them), its rate bucket refilled to now ($3 per second, at most $4; NULL tokens when
--- the provider has no rate limit), and its breaker: open_until (NULL when closed).
-SELECT (SELECT count(*) FROM runs WHERE status = 'running' AND provider = $2)::int AS running,
-       CASE WHEN $3::float8 IS NULL THEN NULL
-            WHEN b.tokens IS NULL THEN $4::float8  -- a first claim: the bucket is full
-            ELSE least($4::float8, b.tokens + $3::float8 * greatest(0.0, extract(epoch FROM
-                     coalesce($1::timestamptz, clock_timestamp()) - b.updated_at))::float8)
-       END AS tokens,
-       b.open_until,
-       coalesce(b.open_until > coalesce($1::timestamptz, clock_timestamp()), false) AS open,
-       coalesce(extract(epoch FROM b.open_until - coalesce($1::timestamptz, clock_timestamp())),
-                0)::float8 AS open_for,
-       coalesce(b.failures, 0) AS failures
-FROM (SELECT 1) AS one
-LEFT JOIN provider_buckets b ON b.provider = $2;
-
--- name: provider_spend
--- Under provider_lock: the bucket after this claim took its runs' tokens.
-INSERT INTO provider_buckets (provider, tokens, updated_at)
-VALUES ($2, $3, coalesce($1::timestamptz, clock_timestamp()))
-ON CONFLICT (provider) DO UPDATE
-SET tokens = excluded.tokens,
-    updated_at = greatest(provider_buckets.updated_at, excluded.updated_at);
 
 -- name: provider_trip
 -- A retryable failure of one of the provider's attempts, seen by any replica. With $3 (the
