@@ -15,6 +15,7 @@ from typing import Any
 from promptsched import netguard
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError
+from promptsched.prices import Prices
 from promptsched.secret import Secret
 
 ROLES = ("scheduler", "worker", "reaper", "notifier", "api")
@@ -54,6 +55,7 @@ class WorkerSettings:
     retry_base: timedelta = timedelta(seconds=2)
     retry_max: timedelta = timedelta(hours=1)
     max_sleep: timedelta = timedelta(seconds=5)
+    prices: Prices = field(default_factory=Prices)  # the cost of every attempt's usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,8 @@ class Config:
     digest_period: timedelta = timedelta(hours=1)
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
+    # PROVIDER[:MODEL]=INPUT/OUTPUT per million tokens (prices.py); empty: costs are not known.
+    prices: Prices = field(default_factory=Prices)
     providers_raw: Mapping[str, Any] = field(default_factory=dict)
     mcp_raw: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -238,6 +242,7 @@ class Config:
             retry_base=self.retry_base,
             retry_max=self.retry_max,
             max_sleep=self.worker_max_sleep,
+            prices=self.prices,
         )
 
     @property
@@ -376,6 +381,7 @@ _PARSERS: dict[str, Any] = {
     "notifier_max_sleep": _duration,
     "digest_period": _duration,
     "mcp_servers": _str,
+    "prices": lambda name, text: Prices.parse(text, name),
 }
 
 SETTINGS = tuple(_PARSERS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class PromptschedError(Exception):
     """Base class for every error promptsched raises on purpose."""
@@ -52,10 +54,17 @@ class ExecutorError(PromptschedError):
 
     retryable: bool = True
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        usage: Mapping[str, int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.usage = usage  # what the provider reported before it failed, if anything
 
 
 class RetryableError(ExecutorError):

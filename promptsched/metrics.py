@@ -216,6 +216,22 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.llm_tokens = Counter(
+            "llm_tokens",
+            "Tokens the providers reported, by provider, model and kind (prompt, completion), "
+            "for every attempt that reported usage, whatever its outcome",
+            ["provider", "model", "kind"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.llm_cost = Counter(
+            "llm_cost",
+            "What those tokens cost by the server's price table (PROMPTSCHED_PRICES), in its "
+            "currency unit (USD in the docs), by provider and model",
+            ["provider", "model"],
+            namespace=ns,
+            registry=registry,
+        )
         self.provider_breaker = Gauge(
             "provider_breaker_state",
             "A provider's fleet-wide circuit breaker as this process last saw it: 0 closed, "

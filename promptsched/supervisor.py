@@ -64,6 +64,7 @@ class Supervisor:
             )
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
+        self.default_models = {name: p.default_model for name, p in settings.items()}
         self.tools = ToolRegistry.from_settings(
             allow=config.tools_allow,
             mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
@@ -133,7 +134,11 @@ class Supervisor:
                 registry,
                 limiters,
                 heartbeat,
-                replace(config.worker, worker_id=self.worker_id),
+                replace(
+                    config.worker,
+                    worker_id=self.worker_id,
+                    prices=config.prices.with_default_models(self.default_models),
+                ),
             )
             handlers[listen.CHANNEL_RUNS] = self.worker.notify
         notifier = self._notifier(pool) if "notifier" in roles else None

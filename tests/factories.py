@@ -14,6 +14,7 @@ from promptsched.executors.base import Registry
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
+from promptsched.prices import Prices
 from promptsched.roles.worker import WorkerPool
 from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.store import pool as pools
@@ -77,6 +78,7 @@ def worker_pool(
     slots: int = 4,
     lease: timedelta = timedelta(seconds=30),
     worker_id: str = "test-worker",
+    prices: Prices | None = None,
 ) -> WorkerPool:
     metrics = metrics or Metrics()
     heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
@@ -92,6 +94,7 @@ def worker_pool(
             worker_id=worker_id,
             retry_base=timedelta(seconds=10),
             retry_max=timedelta(minutes=5),
+            prices=prices or Prices(),
         ),
     )
 

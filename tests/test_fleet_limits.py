@@ -100,14 +100,15 @@ async def test_three_replicas_never_exceed_the_providers_concurrency(
             return await _succeeded(pool) == RUSH
 
         await wait_until(all_done, timeout=120, what="the whole rush")
+        # The limit, not a lack of takers, is what held them: replicas were turned away.
+        held_back = [await _throttled(replica, "concurrency") for replica in replicas]
+        assert sum(held_back) >= 1, held_back
     finally:
         for replica in replicas:
             replica.stop()
     assert len(fake.requests) >= RUSH
     assert fake.max_in_flight <= LIMIT, fake.max_in_flight
     assert fake.max_in_flight >= LIMIT - 2  # the limit was used, not just never reached
-    workers = await pool.fetch("SELECT DISTINCT worker_id FROM run_attempts")
-    assert len(workers) >= 2  # the replicas shared the rush
 
 
 async def test_three_replicas_share_the_providers_request_rate(

@@ -70,15 +70,23 @@ class EchoExecutor:
         failing = request.attempt <= fail_attempts or (
             fail_rate > 0 and _fraction(request.run_id, request.attempt) < fail_rate
         )
+        # Usage as a paid provider reports it, in words: the prompt was read even when the
+        # attempt then fails, so a failed attempt reports its prompt tokens.
+        prompt_tokens = len(request.prompt.split())
         if failing:
             message = f"echo: injected failure on attempt {request.attempt}"
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                     "total_tokens": prompt_tokens}  # fmt: skip
             if str(params.get("fail_permanent", "")).lower() in _TRUTHY:
-                raise PermanentError(message)
-            raise RetryableError(message)
+                raise PermanentError(message, usage=usage)
+            raise RetryableError(message, usage=usage)
+        output = f"echo: {request.prompt}"
+        completion_tokens = len(output.split())
         return ExecutionResult(
-            output=f"echo: {request.prompt}",
-            usage={"prompt_tokens": len(request.prompt.split()), "completion_tokens": 0},
-        )
+            output=output,
+            usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                   "total_tokens": prompt_tokens + completion_tokens},
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         return None

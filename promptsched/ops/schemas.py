@@ -116,6 +116,11 @@ _SCHEDULE_EXTRA: dict[str, Schema] = {
         "description": "targets; the webhook secret and chat URLs are never shown again",
     },
     "next_fire_times": {"type": "array", "items": TIME, "description": "the next 5 slots"},
+    "spend": {
+        "type": "object",
+        "description": "GET /v1/schedules/{id} only: tokens and cost of its runs in the "
+        "current UTC day and month (by slot), as {day: {tokens, cost}, month: {...}}",
+    },
 }
 
 _RUN: dict[str, Schema] = {
@@ -135,6 +140,12 @@ _RUN: dict[str, Schema] = {
     "started_at": nullable(TIME),
     "finished_at": nullable(TIME),
     "replay_of": {"type": ["integer", "null"]},
+    "tokens": {"type": "integer", "description": "tokens over every attempt (usage reported)"},
+    "cost": {
+        "type": "number",
+        "description": "what those tokens cost by the server's price table "
+        "(PROMPTSCHED_PRICES, in its currency unit; 0 when the provider is not priced)",
+    },
 }
 RUN_FIELDS = tuple(_RUN)
 _ATTEMPT = _obj(
@@ -146,6 +157,12 @@ _ATTEMPT = _obj(
         "started_at": TIME,
         "finished_at": nullable(TIME),
         "error": {"type": ["string", "null"]},
+        "usage": {
+            "type": ["object", "null"],
+            "description": "the usage this attempt's provider reported, whatever its outcome: "
+            "prompt_tokens, completion_tokens, total_tokens (an agent's summed over its "
+            "steps), and cost when the provider is priced",
+        },
         "transcript": {
             "type": "array",
             "items": {"type": "object"},
@@ -156,7 +173,7 @@ _ATTEMPT = _obj(
         },
     },
     ("attempt_id", "number", "worker_id", "status", "started_at", "finished_at", "error",
-     "transcript"),
+     "usage", "transcript"),
 )  # fmt: skip
 _RUN_DETAIL: dict[str, Schema] = {
     **_RUN,

@@ -728,6 +728,16 @@ async def schedule_search(
     return [_schedule(row) for row in found]
 
 
+async def schedule_spend(db: DB, schedule_id: int, now: datetime | None) -> dict[str, Any]:
+    """Tokens and cost of the schedule's runs in the current UTC day and month."""
+    row = await db.fetchrow(_Q["schedule_spend"], schedule_id, now)
+    assert row is not None
+    return {
+        period: {"tokens": row[f"{period}_tokens"], "cost": row[f"{period}_cost"]}
+        for period in ("day", "month")
+    }
+
+
 async def schedule_change_page(
     db: DB, schedule_id: int, owner: str | None, before_id: int | None, limit: int
 ) -> list[Record]:

@@ -83,7 +83,9 @@ async def get(call: Call) -> web.StreamResponse:
     row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
     if row is None:
         raise errors.NotFound("schedule", call.params["id"])
-    return await schedule_reply_off_loop(row)
+    spend = await queries.schedule_spend(call.deps.pool, row.id, call.deps.clock.sql_now())
+    data = await offload.run(lambda: views.schedule(row, with_next=True))
+    return json_reply({**data, "spend": spend}, headers={"ETag": views.etag(row)})
 
 
 def _if_match(header: str | None) -> int | None:

@@ -63,6 +63,8 @@ class InFlight:
     # Monotonic time the lease was last known to start (the claim, then each renewal sent):
     # a lease lost longer than a lease after it expired; one lost sooner was taken.
     renewed_at: float = field(default_factory=time.monotonic)
+    # Token usage its agent steps reported so far: what a failed or timed-out attempt spent.
+    usage: dict[str, int] = field(default_factory=dict)
 
     @property
     def fenced(self) -> bool:

@@ -4,11 +4,12 @@ finalizes each attempt conditioned on its fencing token."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +30,7 @@ from promptsched.errors import (
     ValidationError,
 )
 from promptsched.executors import template
-from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry
+from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry, Step
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
@@ -61,6 +62,23 @@ def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
     }
 
 
+def _counting_usage(
+    attempt: InFlight, record: Callable[[Step], Awaitable[None]]
+) -> Callable[[Step], Awaitable[None]]:
+    """The progress callback, also adding up the usage of each model step into the attempt,
+    so an attempt that fails or times out mid-loop still says what it spent."""
+
+    async def progress(step: Step) -> None:
+        usage = step.detail.get("usage") if step.kind == "model" else None
+        if isinstance(usage, Mapping):
+            for key, value in usage.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    attempt.usage[key] = attempt.usage.get(key, 0) + value
+        await record(step)
+
+    return progress
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -90,6 +108,7 @@ class WorkerPool:
         self.retry_base = settings.retry_base
         self.retry_max = settings.retry_max
         self.max_sleep = settings.max_sleep
+        self.prices = settings.prices
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
@@ -405,10 +424,10 @@ class WorkerPool:
             model=row.model,
             params=params,
             timeout=row.timeout_seconds,
-            progress=AttemptLog(
+            progress=_counting_usage(attempt, AttemptLog(
                 self.pool, self.clock, self.metrics,
                 run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,
-            ).record,
+            ).record),
         )  # fmt: skip
         try:
             return await self.registry.get(attempt.provider).execute(request)
@@ -437,6 +456,9 @@ class WorkerPool:
         if item is None:
             return False  # the lease is gone: this attempt writes nothing
         provider = attempt.provider
+        usage = self._account(row, attempt, outcome)
+        if usage is not None:
+            item = dataclasses.replace(item, usage=usage)
         if item.status == RunStatus.CANCELLED:
             self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
         elif item.status == RunStatus.SUCCEEDED:
@@ -448,6 +470,29 @@ class WorkerPool:
             else:
                 self.metrics.dead_letters.labels(provider).inc()
         return self._finish(attempt, row, item)
+
+    def _account(
+        self, row: ClaimedRun, attempt: InFlight, outcome: ExecutionResult | ExecutorError | None
+    ) -> dict[str, Any] | None:
+        """The attempt's usage as its provider reported it (a result's, a failure's, or else
+        what its agent steps reported before it stopped), with ``total_tokens`` and, when the
+        server prices the provider, ``cost``; counted in the token and cost metrics."""
+        reported = outcome.usage if outcome is not None else None
+        usage: dict[str, Any] = dict(reported or attempt.usage)
+        if not usage:
+            return None
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        usage.setdefault("total_tokens", prompt + completion)
+        provider, prices = attempt.provider, self.prices
+        model = prices.model(provider, row.model) or "default"
+        for kind, count in (("prompt", prompt), ("completion", completion)):
+            if count:
+                self._child(self.metrics.llm_tokens, provider, model, kind).inc(count)
+        cost = prices.cost(provider, row.model, usage)
+        if cost is not None:
+            usage["cost"] = cost
+            self._child(self.metrics.llm_cost, provider, model).inc(cost)
+        return usage
 
     def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
         attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat

@@ -207,6 +207,7 @@ CREATE TABLE public.run_attempts (
     finished_at timestamp with time zone,
     error text,
     transcript jsonb DEFAULT '[]'::jsonb NOT NULL,
+    usage jsonb,
     CONSTRAINT run_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
 );
 CREATE TABLE public.runs (
@@ -235,6 +236,8 @@ CREATE TABLE public.runs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
+    tokens bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL,
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),

@@ -85,3 +85,16 @@ RETURNING *;
 
 -- name: run_get_replay
 SELECT id, status FROM runs WHERE replay_of = $1 AND origin = 'replay';
+
+-- name: schedule_spend
+-- A schedule's tokens and cost in the current UTC day and month (runs by slot, through
+-- runs_schedule_idx), for GET /v1/schedules/{id}.
+SELECT coalesce(sum(tokens) FILTER (WHERE slot >= date_trunc('day', t.now) AT TIME ZONE 'UTC'), 0)::bigint
+           AS day_tokens,
+       coalesce(sum(cost) FILTER (WHERE slot >= date_trunc('day', t.now) AT TIME ZONE 'UTC'), 0)::float8
+           AS day_cost,
+       coalesce(sum(tokens), 0)::bigint AS month_tokens,
+       coalesce(sum(cost), 0)::float8 AS month_cost
+FROM (SELECT coalesce($2::timestamptz, now()) AT TIME ZONE 'UTC' AS now) t
+LEFT JOIN runs r ON r.schedule_id = $1
+                AND r.slot >= date_trunc('month', t.now) AT TIME ZONE 'UTC';

@@ -173,6 +173,9 @@ WITH input AS (
     SET status = i.status,
         output = CASE WHEN i.status = 'succeeded' THEN i.output ELSE r.output END,
         usage = CASE WHEN i.status = 'succeeded' THEN i.usage ELSE r.usage END,
+        -- totals over every attempt, whatever its outcome (the usage carries its cost)
+        tokens = r.tokens + coalesce((i.usage ->> 'total_tokens')::bigint, 0),
+        cost = r.cost + coalesce((i.usage ->> 'cost')::float8, 0),
         error = i.error,
         skip_reason = i.skip_reason,
         available_at = CASE WHEN i.retry_in IS NULL THEN r.available_at
@@ -185,11 +188,11 @@ WITH input AS (
         cancel_requested = false
     FROM input i
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
-    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error
+    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error, i.usage
 ), attempt AS (
     UPDATE run_attempts a
     SET status = f.attempt_status, finished_at = coalesce($1::timestamptz, now()),
-        error = f.error
+        error = f.error, usage = f.usage
     FROM finished f
     WHERE a.attempt_id = f.attempt_id
 ), owed AS (
@@ -285,7 +288,7 @@ SELECT pg_notify('promptsched_runs', $1::text);
 -- name: run_list
 SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
        r.attempts, r.max_attempts, r.error, r.output, r.available_at, r.created_at,
-       r.started_at, r.finished_at, r.replay_of
+       r.started_at, r.finished_at, r.replay_of, r.tokens, r.cost
 FROM runs r
 JOIN schedules s ON s.id = r.schedule_id
 WHERE ($1::bigint IS NULL OR r.schedule_id = $1)
