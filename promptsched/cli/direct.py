@@ -106,7 +106,9 @@ class DirectBackend:
         return [views.schedule(row) for row in rows]
 
     async def get_schedule(self, schedule_id: int) -> dict[str, Any]:
-        return views.schedule(await self._schedule_row(schedule_id), with_next=True)
+        row = await self._schedule_row(schedule_id)
+        spend = await queries.schedule_spend(self.conn, schedule_id, self.clock.sql_now())
+        return {**views.schedule(row, with_next=True), "spend": spend}
 
     async def update_schedule(
         self, schedule_id: int, patch: dict[str, Any], version: int | None

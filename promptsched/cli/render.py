@@ -182,6 +182,13 @@ def schedule_details(data: Mapping[str, Any], now: datetime) -> str:
             pairs.append(("", missed))
     else:
         pairs.append(("next fire times", "none while paused"))
+    spend = data.get("spend")
+    if isinstance(spend, Mapping):
+        for period, label in (("day", "spend today"), ("month", "spend this month")):
+            got = spend.get(period) or {}
+            pairs.append(
+                (label, f"{got.get('tokens', 0)} tokens, cost {got.get('cost', 0):g} (UTC)")
+            )
     pairs.append(("created", when(data.get("created_at"), zone, now)))
     pairs.append(("updated", when(data.get("updated_at"), zone, now)))
     return lines(pairs)
