@@ -71,6 +71,7 @@ class OutboxEvent(StrEnum):
     DEAD = "dead"
     PAUSED = "paused"
     DIGEST = "digest"  # the ticks a schedule dropped in a period
+    BUDGET = "budget"  # a budget of the schedule or its owner is reached (once per period)
 
 
 class ChangeAction(StrEnum):
@@ -176,6 +177,8 @@ class ClaimedRun:
     enabled: bool
     timeout_seconds: float
     start_lag: float  # seconds from the slot to the claim
+    # what budget of the schedule or its owner was reached (budget_verdict), or None
+    over_budget: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,7 @@ class Schedule:
     created_at: datetime
     updated_at: datetime
     notify: dict[str, Any]
+    budget: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +244,4 @@ class ScheduleInput:
     enabled: bool = True
     pause_after_failures: int | None = None
     notify: Mapping[str, Any] = field(default_factory=dict)
+    budget: Mapping[str, Any] | None = None

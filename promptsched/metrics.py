@@ -49,7 +49,8 @@ class Metrics:
         )
         self.dropped_ticks = Counter(
             "dropped_ticks",
-            "Slots that will not run, by reason (overlap, misfire, catchup_window, disabled)",
+            "Slots that will not run, by reason "
+            "(overlap, misfire, catchup_window, disabled, budget)",
             ["reason"],
             namespace=ns,
             registry=registry,

@@ -90,6 +90,9 @@ class Api:
     async def patch(self, path: str, who: dict[str, str] | None = None, **kw: Any) -> Reply:
         return await self.request("PATCH", path, who, **kw)
 
+    async def put(self, path: str, who: dict[str, str] | None = None, **kw: Any) -> Reply:
+        return await self.request("PUT", path, who, **kw)
+
     async def delete(self, path: str, who: dict[str, str] | None = None, **kw: Any) -> Reply:
         return await self.request("DELETE", path, who, **kw)
 
@@ -126,7 +129,7 @@ async def bearer(pool: asyncpg.Pool[Any], owner: str, *, admin: bool = False) ->
 
 async def snapshot(pool: asyncpg.Pool[Any]) -> list[Any]:
     """Everything a request could change, to show that a rejected one changed nothing."""
-    tables = ("schedules", "runs", "run_attempts", "schedule_changes", "outbox")
+    tables = ("schedules", "runs", "run_attempts", "schedule_changes", "outbox", "owner_budgets")
     return [
         [dict(row) for row in await pool.fetch(f"SELECT * FROM {table} ORDER BY 1")]
         for table in tables

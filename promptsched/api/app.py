@@ -19,6 +19,7 @@ from anyio.abc import TaskStatus
 from promptsched import netguard
 from promptsched.api import openapi, protocol
 from promptsched.api.handlers import (
+    budgets,
     controls,
     events,
     explain,
@@ -60,6 +61,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *runs.OPERATIONS,
     *events.OPERATIONS,
     *notifications.OPERATIONS,
+    *budgets.OPERATIONS,
     *meta.OPERATIONS,
 )
 

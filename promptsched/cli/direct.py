@@ -23,6 +23,7 @@ from promptsched.cli import common
 from promptsched.clock import Clock
 from promptsched.domain import RunStatus, Schedule
 from promptsched.errors import ValidationError
+from promptsched.ops import budgets as budget_ops
 from promptsched.ops import explain as explaining
 from promptsched.ops import inputs, notifications, validate, views
 from promptsched.ops import runs as run_ops
@@ -107,7 +108,7 @@ class DirectBackend:
 
     async def get_schedule(self, schedule_id: int) -> dict[str, Any]:
         row = await self._schedule_row(schedule_id)
-        spend = await queries.schedule_spend(self.conn, schedule_id, self.clock.sql_now())
+        spend = await budget_ops.schedule_spend(self.conn, row, self.clock)
         return {**views.schedule(row, with_next=True), "spend": spend}
 
     async def update_schedule(

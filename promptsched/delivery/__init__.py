@@ -4,10 +4,11 @@ the error that says whether trying again can help."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from promptsched import budgets
 from promptsched.errors import PromptschedError
 from promptsched.secret import Secret
 
@@ -23,7 +24,8 @@ class Notification:
     idempotency_key: str
     channel: str
     # succeeded | dead | paused (the schedule, after consecutive dead runs) | digest (the ticks
-    # the schedule dropped in a period; ``details`` says how many, by reason)
+    # the schedule dropped in a period; ``details`` says how many, by reason) | budget (a budget
+    # of the schedule or its owner is reached; ``details`` says which, once per period)
     event: str
     target: Any  # email: a list of addresses; webhook: {"url": ...}
     schedule_id: int
@@ -38,7 +40,9 @@ class Notification:
     finished_at: datetime | None
     webhook_secret: Secret | None = None
     chat_url: Secret | None = None  # slack | discord | ntfy: the URL (a credential)
-    details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
+    # digest: {"dropped": {reason: slots}, "total", "period_start", ...}; budget: the verdict
+    # {"scope", "period", "unit", "limit", "spent", "period_start", "key"}
+    details: Any = None
 
     @property
     def succeeded(self) -> bool:
@@ -46,8 +50,9 @@ class Notification:
 
     @property
     def event_type(self) -> str:
-        """``run.succeeded``, ``run.dead``, ``schedule.paused`` or ``schedule.digest``."""
-        if self.event in ("paused", "digest"):
+        """``run.succeeded``, ``run.dead``, ``schedule.paused``, ``schedule.digest`` or
+        ``schedule.budget``."""
+        if self.event in ("paused", *REPORTS):
             return f"schedule.{self.event}"
         return f"run.{self.event}"
 
@@ -65,8 +70,14 @@ class Notification:
         return f"{local.strftime(f'%Y-%m-%d {clock} %Z')} ({self.timezone})"
 
 
+# The events that report on a schedule rather than one run: their facts are report_lines.
+REPORTS = ("digest", "budget")
+
+
 def outcome_words(notification: Notification) -> str:
     """How the run ended, as a headline says it."""
+    if notification.event == "budget":
+        return "reached its BUDGET"
     if notification.event == "digest":
         total = (notification.details or {}).get("total", 0)
         return f"DROPPED {total} tick{'s' if total != 1 else ''}"
@@ -89,6 +100,14 @@ def next_steps(notification: Notification) -> str | None:
             "These slots of the schedule did not run. If that is not what you want, change the "
             f"policy named by each reason (`promptsched schedules edit {n.schedule_id}`, or Edit "
             "in the console): overlap, misfire and catch-up window, or the budget."
+        )
+    if n.event == "budget":
+        return (
+            "Runs that would start while a budget is reached are not sent: they are skipped "
+            "with reason budget until the period ends, or until the budget is raised "
+            f"(`promptsched schedules edit {n.schedule_id} --budget ...` for the schedule's, "
+            "`promptsched budget set ...` for the owner's, or the console). You hear this once "
+            "per period."
         )
     if n.event == "dead":
         return (
@@ -128,6 +147,31 @@ def digest_lines(notification: Notification) -> list[str]:
             f"- {reason}: {count} slot{'s' if count != 1 else ''}" + (f" ({why})" if why else "")
         )
     return lines
+
+
+def budget_lines(notification: Notification) -> list[str]:
+    """The budget notice's facts: what was reached, and when runs start again."""
+    details = notification.details if isinstance(notification.details, dict) else {}
+    scope = "Owner" if details.get("scope") == "owner" else "Schedule"
+    try:
+        start = datetime.fromisoformat(str(details.get("period_start"))).astimezone(UTC)
+        month = start.month % 12 + 1
+        resume = (
+            start + timedelta(days=1)
+            if details.get("period") == "day"
+            else start.replace(year=start.year + (start.month == 12), month=month)
+        )
+        again = f"runs start again at {resume.strftime('%Y-%m-%d %H:%M')} UTC"
+    except ValueError:
+        again = "runs start again when the period ends"
+    return [f"{scope} budget:", f"- {budgets.reached(details)}", f"- {again}"]
+
+
+def report_lines(notification: Notification) -> list[str]:
+    """A report's facts (digest or budget): a heading line, then one line per fact."""
+    if notification.event == "budget":
+        return budget_lines(notification)
+    return digest_lines(notification)
 
 
 def run_link(public_url: str | None, notification: Notification) -> str | None:

@@ -21,12 +21,13 @@ from typing import Any
 
 from promptsched import netguard
 from promptsched.delivery import (
+    REPORTS,
     DeliveryError,
     Notification,
     dialects,
-    digest_lines,
     next_steps,
     outcome_words,
+    report_lines,
     run_link,
 )
 from promptsched.delivery.webhook import GuardedPoster
@@ -48,8 +49,8 @@ def _body_text(notification: Notification) -> str:
     n = notification
     if n.succeeded:
         return n.output or "(no output)"
-    if n.event == "digest":
-        return "\n".join([str(next_steps(n)), "", *digest_lines(n)])
+    if n.event in REPORTS:
+        return "\n".join([str(next_steps(n)), "", *report_lines(n)])
     error = (n.error or "(no error recorded)").replace("```", "'''")
     return f"{next_steps(n)}\n\n```\n{error}\n```"
 
@@ -91,7 +92,9 @@ def discord_payload(notification: Notification, public_url: str | None) -> dict[
     if clipped:
         pieces.append(_clip_note(link, dialects.DISCORD))
     title = f"{' '.join(n.schedule_name.split())} {outcome_words(n)}"[:DISCORD_TITLE]
-    color = {"succeeded": 0x2E7D32, "paused": 0xF9A825, "digest": 0xF9A825}.get(n.event, 0xC62828)
+    color = {"succeeded": 0x2E7D32, "paused": 0xF9A825, "digest": 0xF9A825, "budget": 0xF9A825}.get(
+        n.event, 0xC62828
+    )
     embeds: list[dict[str, Any]] = []
     for index, piece in enumerate(pieces or [""]):
         embed: dict[str, Any] = {"description": piece, "color": color}
@@ -131,7 +134,10 @@ def ntfy_message(
         if len(body.encode()) <= NTFY_MAX_BYTES or limit < 200:
             break
         limit = limit * NTFY_BODY_BYTES // len(body.encode()) - 50
-    tags = {"succeeded": "white_check_mark", "paused": "pause_button", "digest": "warning"}
+    tags = {
+        "succeeded": "white_check_mark", "paused": "pause_button", "digest": "warning",
+        "budget": "money_with_wings",
+    }  # fmt: skip
     headers = {
         "Title": _header(f"{n.schedule_name} {outcome_words(n)}"[:200]),
         "Tags": tags.get(n.event, "x"),

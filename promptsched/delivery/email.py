@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 import aiosmtplib
 
 from promptsched.delivery import (
+    REPORTS,
     DeliveryError,
     Notification,
     clip,
-    digest_lines,
     email_html,
     next_steps,
     outcome_words,
+    report_lines,
     run_link,
 )
 from promptsched.secret import Secret
@@ -66,7 +67,7 @@ def _one_line(text: str) -> str:
 
 def subject(notification: Notification) -> str:
     name = _one_line(notification.schedule_name)[:150]
-    if notification.event == "digest":
+    if notification.event in REPORTS:
         return f"[promptsched] {name}: {outcome_words(notification)}"
     return f"[promptsched] {name} {outcome_words(notification)} ({notification.slot_text()})"
 
@@ -87,8 +88,8 @@ def body(notification: Notification, public_url: str | None = None) -> str:
     lines.append("")
     if n.succeeded:
         lines += ["Output:", "", clip(n.output or "")]
-    elif n.event == "digest":
-        lines += [str(next_steps(n)), "", *digest_lines(n)]
+    elif n.event in REPORTS:
+        lines += [str(next_steps(n)), "", *report_lines(n)]
     else:
         lines += [str(next_steps(n)), "", "Last error:", "", clip(n.error or "(none recorded)")]
     return "\n".join(lines) + "\n"

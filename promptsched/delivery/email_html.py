@@ -15,10 +15,11 @@ import re
 
 from promptsched import markup
 from promptsched.delivery import (
+    REPORTS,
     Notification,
-    digest_lines,
     next_steps,
     outcome_words,
+    report_lines,
     run_link,
 )
 
@@ -51,7 +52,7 @@ STYLES = {
     "hr": "border:0;border-top:1px solid #d1d9e0;margin:16px 0",
 }  # fmt: skip
 _TAG = re.compile(r"<(" + "|".join(STYLES) + r")(?=[\s>/])")
-_COLORS = {"succeeded": "#1a7f37", "paused": "#9a6700"}
+_COLORS = {"succeeded": "#1a7f37", "paused": "#9a6700", "digest": "#9a6700", "budget": "#9a6700"}
 _FAILED = "#cf222e"
 
 
@@ -78,9 +79,9 @@ def _link(href: str, text: str) -> str:
 
 
 def _content(n: Notification, link: str | None) -> str:
-    if n.event == "digest":
+    if n.event in REPORTS:
         steps = f'<p style="{STYLES["p"]}">{_esc(next_steps(n) or "")}</p>'
-        first, *items = digest_lines(n)
+        first, *items = report_lines(n)
         rows = "".join(
             f'<li style="{STYLES["li"]}">{_esc(i.removeprefix("- "))}</li>' for i in items
         )

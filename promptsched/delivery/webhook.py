@@ -20,7 +20,7 @@ import aiohttp
 from yarl import URL
 
 from promptsched import netguard
-from promptsched.delivery import DeliveryError, Notification, clip
+from promptsched.delivery import REPORTS, DeliveryError, Notification, clip
 from promptsched.secret import Secret
 
 SIGNATURE_HEADER = "Promptsched-Signature"
@@ -37,7 +37,9 @@ def payload(notification: Notification) -> dict[str, Any]:
         "schedule": {"id": n.schedule_id, "name": n.schedule_name, "timezone": n.timezone},
         "run": {
             "id": n.run_id,
-            "status": {"paused": "dead", "digest": "skipped"}.get(n.event, n.event),
+            "status": {"paused": "dead", "digest": "skipped", "budget": "skipped"}.get(
+                n.event, n.event
+            ),
             "slot": n.slot.astimezone(UTC).isoformat(),
             "slot_local": n.local_slot().isoformat(),
             "origin": n.origin,
@@ -47,7 +49,8 @@ def payload(notification: Notification) -> dict[str, Any]:
         "output": clip(n.output) if n.succeeded and n.output is not None else None,
         "error": None if n.succeeded or n.event == "digest" else clip(n.error or ""),
         # schedule.digest: {"dropped": {reason: slots}, "total", "period_start", "period_end"}
-        **({"digest": n.details} if n.event == "digest" else {}),
+        # schedule.budget: {"scope", "period", "unit", "limit", "spent", "period_start", "key"}
+        **({n.event: n.details} if n.event in REPORTS else {}),
     }
 
 

@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
-from promptsched import netguard
+from promptsched import budgets, netguard
 from promptsched.domain import ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import ValidationError
@@ -20,7 +20,7 @@ EDITABLE = frozenset({
     "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
     "misfire_grace", "catchup_window", "overlap", "max_attempts", "timeout", "jitter",
     "dst_gap", "dst_fold", "pause_after_failures", "cron", "rrule", "at", "every", "kind",
-    "expression", "notify",
+    "expression", "notify", "budget",
 })  # fmt: skip
 
 
@@ -169,6 +169,7 @@ def validate(
         notify=notify_targets.validate_targets(
             raw.get("notify"), allow=webhook_allow, current=current_notify
         ),
+        budget=budgets.validate(raw.get("budget")),
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")

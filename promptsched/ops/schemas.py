@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from promptsched import budgets
 from promptsched.domain import OutboxEvent, OutboxStatus, RunOrigin, RunStatus
 from promptsched.ops import inputs
 from promptsched.schedule import overlap
@@ -72,6 +73,12 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
     "dst_gap": {"type": "string", "enum": ["shift", "skip"]},
     "dst_fold": {"type": "string", "enum": ["first", "both"]},
     "pause_after_failures": {"type": ["integer", "null"], "minimum": 1, "maximum": 1000},
+    "budget": {
+        "type": ["object", "null"],
+        "description": "limits on this schedule's spend, each optional: tokens_per_day, "
+        "cost_per_day, tokens_per_month, cost_per_month (UTC day and month; cost in the "
+        "price table's unit); null or {} for none",
+    },
 }
 if "notify" in inputs.EDITABLE:  # the notification targets, once the service accepts them
     SCHEDULE_FIELDS["notify"] = {
@@ -104,6 +111,7 @@ _SCHEDULE_OUT: dict[str, Schema] = {
     "paused_until": nullable(TIME),
     "pause_reason": {"type": ["string", "null"]},
     "pause_after_failures": {"type": ["integer", "null"]},
+    "budget": {"type": ["object", "null"], "description": "the schedule's spend limits"},
     "next_fire_at": nullable(TIME),
     "version": {"type": "integer"},
     "created_at": TIME,
@@ -119,7 +127,9 @@ _SCHEDULE_EXTRA: dict[str, Schema] = {
     "spend": {
         "type": "object",
         "description": "GET /v1/schedules/{id} only: tokens and cost of its runs in the "
-        "current UTC day and month (by slot), as {day: {tokens, cost}, month: {...}}",
+        "current UTC day and month (by slot), as {day: {tokens, cost}, month: {...}}, and "
+        "budget: each limit of the schedule's budget against it, as [{limit, allowed, "
+        "spent, reached}]",
     },
 }
 
@@ -196,7 +206,7 @@ _NOTIFICATION: dict[str, Schema] = {
     "schedule_name": {"type": "string"},
     "channel": {"type": "string", "enum": ["email", "webhook"]},
     "target": {"type": ["array", "object"], "description": "never the webhook secret"},
-    "event": {"type": "string", "enum": [OutboxEvent.SUCCEEDED.value, OutboxEvent.DEAD.value]},
+    "event": {"type": "string", "enum": [event.value for event in OutboxEvent]},
     "status": {"type": "string", "enum": [status.value for status in OutboxStatus]},
     "attempts": {"type": "integer"},
     "max_attempts": {"type": ["integer", "null"]},
@@ -319,6 +329,28 @@ COMPONENTS: dict[str, Schema] = {
             },
         },
         ("kind", "expression", "timezone", "fire_times"),
+    ),
+    "Budget": _obj(
+        {
+            key: {"type": ["integer", "null"], "minimum": 1}
+            if key.startswith("tokens")
+            else {"type": ["number", "null"], "exclusiveMinimum": 0}
+            for key in budgets.LIMITS
+        },
+        description="limits, each optional: tokens or cost (in the price table's unit) per "
+        "UTC day and per UTC month",
+    ),
+    "OwnerBudget": _obj(
+        {
+            "owner": {"type": "string"},
+            "budget": {"type": ["object", "null"]},
+            "spend": {
+                "type": "object",
+                "description": "{day: {tokens, cost}, month: {tokens, cost}, budget: [{limit, "
+                "allowed, spent, reached}]}",
+            },
+        },
+        ("owner", "budget", "spend"),
     ),
     "Text": {"type": "string"},
     "Document": {"type": "object"},

@@ -78,8 +78,15 @@ SCHEDULE_INSERT_COLUMNS = (
     "next_fire_at",
     "pause_after_failures",
     "notify",
+    "budget",
 )
-SCHEDULE_UPDATE_COLUMNS = (*SCHEDULE_EDITABLE, "next_fire_at", "pause_after_failures", "notify")
+SCHEDULE_UPDATE_COLUMNS = (
+    *SCHEDULE_EDITABLE,
+    "next_fire_at",
+    "pause_after_failures",
+    "notify",
+    "budget",
+)
 SCHEDULE_FIELD_OF = {"misfire_policy": "misfire", "overlap_policy": "overlap"}
 
 
@@ -375,6 +382,7 @@ def _claimed_run(row: Record) -> ClaimedRun:
         enabled=row["enabled"],
         timeout_seconds=row["timeout_seconds"],
         start_lag=row["start_lag"],
+        over_budget=row["over_budget"],
     )
 
 
@@ -478,6 +486,7 @@ class Finish:
     error: str | None = None
     retry_in: timedelta | None = None
     skip_reason: str | None = None
+    notice: dict[str, Any] | None = None  # a reached budget the owner is told of (once)
 
 
 async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish]) -> set[int]:
@@ -494,6 +503,7 @@ async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish])
         [f.retry_in for f in batch],
         [f.skip_reason for f in batch],
         [f.attempt_status for f in batch],
+        [f.notice for f in batch],
     )
     assert row is not None
     return set(row["landed"])
@@ -730,12 +740,35 @@ async def schedule_search(
 
 async def schedule_spend(db: DB, schedule_id: int, now: datetime | None) -> dict[str, Any]:
     """Tokens and cost of the schedule's runs in the current UTC day and month."""
-    row = await db.fetchrow(_Q["schedule_spend"], schedule_id, now)
+    return _spend(await db.fetchrow(_Q["schedule_spend"], schedule_id, now))
+
+
+def _spend(row: Record | None) -> dict[str, Any]:
     assert row is not None
     return {
         period: {"tokens": row[f"{period}_tokens"], "cost": row[f"{period}_cost"]}
         for period in ("day", "month")
     }
+
+
+async def owner_spend(db: DB, owner: str, now: datetime | None) -> dict[str, Any]:
+    """Tokens and cost of all the owner's runs in the current UTC day and month."""
+    return _spend(await db.fetchrow(_Q["owner_spend"], owner, now))
+
+
+async def owner_budget_get(db: DB, owner: str) -> dict[str, Any] | None:
+    budget: dict[str, Any] | None = await db.fetchval(_Q["owner_budget_get"], owner)
+    return budget
+
+
+async def owner_budget_set(
+    db: DB, owner: str, budget: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Sets the owner's budget (None removes it); returns the one now in force."""
+    stored: dict[str, Any] | None = await db.fetchval(
+        _Q["owner_budget_set"], owner, None if budget is None else dict(budget)
+    )
+    return stored
 
 
 async def schedule_change_page(

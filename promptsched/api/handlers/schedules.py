@@ -20,6 +20,7 @@ from promptsched.api.http import (
     json_reply,
 )
 from promptsched.errors import ValidationError
+from promptsched.ops import budgets as budget_ops
 from promptsched.ops import inputs, views
 from promptsched.ops import schedules as schedule_ops
 from promptsched.store import queries
@@ -83,7 +84,7 @@ async def get(call: Call) -> web.StreamResponse:
     row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
     if row is None:
         raise errors.NotFound("schedule", call.params["id"])
-    spend = await queries.schedule_spend(call.deps.pool, row.id, call.deps.clock.sql_now())
+    spend = await budget_ops.schedule_spend(call.deps.pool, row, call.deps.clock)
     data = await offload.run(lambda: views.schedule(row, with_next=True))
     return json_reply({**data, "spend": spend}, headers={"ETag": views.etag(row)})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from promptsched import budgets
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
 from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionResult
@@ -81,4 +82,19 @@ def skip_disabled(run: ClaimedRun) -> queries.Finish:
     """A run whose schedule was disabled by the time it was claimed is skipped, not executed."""
     return queries.Finish(
         run.id, run.attempt_id, RunStatus.SKIPPED, AttemptStatus.SKIPPED, skip_reason="disabled"
+    )
+
+
+def skip_over_budget(run: ClaimedRun) -> queries.Finish:
+    """A run claimed while a budget of its schedule or owner is reached is skipped, not sent;
+    its finish owes the owner the period's one notice of it."""
+    assert run.over_budget is not None
+    return queries.Finish(
+        run.id,
+        run.attempt_id,
+        RunStatus.SKIPPED,
+        AttemptStatus.SKIPPED,
+        error=f"not sent: {budgets.reached(run.over_budget)}",
+        skip_reason="budget",
+        notice=run.over_budget,
     )

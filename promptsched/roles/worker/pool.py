@@ -35,7 +35,7 @@ from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
 from promptsched.roles.loop import Wakeup, run_forever
-from promptsched.roles.worker.attempt import settle, skip_disabled
+from promptsched.roles.worker.attempt import settle, skip_disabled, skip_over_budget
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.transcript import AttemptLog
@@ -323,6 +323,13 @@ class WorkerPool:
             if not row.enabled:
                 submitted = self._finish(attempt, row, skip_disabled(row))
                 self.metrics.dropped_ticks.labels("disabled").inc()
+                return
+            if row.over_budget is not None:
+                submitted = self._finish(attempt, row, skip_over_budget(row))
+                self.metrics.dropped_ticks.labels("budget").inc()
+                if logs.enabled("info"):
+                    log.info("attempt.over_budget", **_ids(row, self.worker_id),
+                             budget=row.over_budget.get("key"))  # fmt: skip
                 return
             if logs.enabled("debug"):
                 log.debug(

@@ -1,3 +1,94 @@
+CREATE FUNCTION public.budget_notice_of(p_reached jsonb, p_scope text, p_scope_id text, p_day_start timestamp with time zone, p_month_start timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT p_reached || jsonb_build_object(
+        'scope', p_scope,
+        'period_start', s.start,
+        'key', format('%s-%s-%s-%s', p_scope, p_scope_id, p_reached ->> 'period',
+                      to_char(s.start AT TIME ZONE 'UTC', 'YYYY-MM-DD')))
+    FROM (SELECT CASE WHEN p_reached ->> 'period' = 'day' THEN p_day_start
+                      ELSE p_month_start END AS start) s
+$$;
+CREATE FUNCTION public.budget_owe(run_ids bigint[], schedule_ids bigint[], notices jsonb[], at timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    written integer;
+BEGIN
+    IF run_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key, details,
+                        available_at, created_at)
+    SELECT f.id, f.schedule_id, c.channel, c.target, 'budget',
+           format('promptsched-budget-%s-%s', f.notice ->> 'key', c.channel), f.notice, at, at
+    FROM unnest(run_ids, schedule_ids, notices) AS f (id, schedule_id, notice)
+    JOIN notify_channels c ON c.schedule_id = f.schedule_id AND c.on_failure
+    ON CONFLICT (idempotency_key) DO NOTHING;
+    GET DIAGNOSTICS written = ROW_COUNT;
+    RETURN written;
+END
+$$;
+CREATE FUNCTION public.budget_reached(p_budget jsonb, p_day_tokens bigint, p_day_cost double precision, p_month_tokens bigint, p_month_cost double precision) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_build_object('period', l.period, 'unit', l.unit, 'limit', l.lim,
+                              'spent', l.spent)
+    FROM (VALUES
+        (1, 'day', 'tokens', (p_budget ->> 'tokens_per_day')::float8, p_day_tokens::float8),
+        (2, 'day', 'cost', (p_budget ->> 'cost_per_day')::float8, p_day_cost),
+        (3, 'month', 'tokens', (p_budget ->> 'tokens_per_month')::float8, p_month_tokens::float8),
+        (4, 'month', 'cost', (p_budget ->> 'cost_per_month')::float8, p_month_cost)
+    ) AS l (n, period, unit, lim, spent)
+    WHERE l.lim IS NOT NULL AND l.spent >= l.lim
+    ORDER BY l.n
+    LIMIT 1
+$$;
+CREATE FUNCTION public.budget_verdict(p_schedule bigint, p_owner text, p_budget jsonb, p_now timestamp with time zone) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    utc timestamp := p_now AT TIME ZONE 'UTC';
+    day_start timestamptz := date_trunc('day', utc) AT TIME ZONE 'UTC';
+    month_start timestamptz := date_trunc('month', utc) AT TIME ZONE 'UTC';
+    owner_budget jsonb;
+    reached jsonb;
+    spend record;
+BEGIN
+    IF p_budget IS NOT NULL AND p_budget <> '{}'::jsonb THEN
+        SELECT coalesce(sum(r.tokens) FILTER (WHERE r.slot >= day_start), 0)::bigint AS dt,
+               coalesce(sum(r.cost) FILTER (WHERE r.slot >= day_start), 0)::float8 AS dc,
+               coalesce(sum(r.tokens), 0)::bigint AS mt,
+               coalesce(sum(r.cost), 0)::float8 AS mc
+        INTO spend
+        FROM runs r
+        WHERE r.schedule_id = p_schedule AND r.slot >= month_start
+          AND r.slot < month_start + interval '1 month';
+        reached := budget_reached(p_budget, spend.dt, spend.dc, spend.mt, spend.mc);
+        IF reached IS NOT NULL THEN
+            RETURN budget_notice_of(reached, 'schedule', p_schedule::text, day_start,
+                                    month_start);
+        END IF;
+    END IF;
+    SELECT ob.budget INTO owner_budget FROM owner_budgets ob WHERE ob.owner = p_owner;
+    IF owner_budget IS NOT NULL AND owner_budget <> '{}'::jsonb THEN
+        SELECT coalesce(sum(r.tokens) FILTER (WHERE r.slot >= day_start), 0)::bigint AS dt,
+               coalesce(sum(r.cost) FILTER (WHERE r.slot >= day_start), 0)::float8 AS dc,
+               coalesce(sum(r.tokens), 0)::bigint AS mt,
+               coalesce(sum(r.cost), 0)::float8 AS mc
+        INTO spend
+        FROM schedules s
+        JOIN runs r ON r.schedule_id = s.id AND r.slot >= month_start
+                   AND r.slot < month_start + interval '1 month'
+        WHERE s.owner = p_owner;
+        reached := budget_reached(owner_budget, spend.dt, spend.dc, spend.mt, spend.mc);
+        IF reached IS NOT NULL THEN
+            RETURN budget_notice_of(reached, 'owner', md5(p_owner), day_start, month_start);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
 CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statuses text[], at timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -107,6 +198,8 @@ CREATE TABLE public.schedules (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     notify jsonb DEFAULT '{}'::jsonb NOT NULL,
+    budget jsonb,
+    CONSTRAINT schedules_budget_is_object CHECK (((budget IS NULL) OR (jsonb_typeof(budget) = 'object'::text))),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
     CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
     CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'rrule'::text, 'at'::text, 'every'::text]))),
@@ -171,7 +264,7 @@ CREATE TABLE public.outbox (
     sent_at timestamp with time zone,
     details jsonb,
     CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text, 'slack'::text, 'discord'::text, 'ntfy'::text]))),
-    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text]))),
+    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text, 'budget'::text]))),
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'sent'::text, 'dead'::text])))
@@ -183,6 +276,13 @@ ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+CREATE TABLE public.owner_budgets (
+    owner text NOT NULL,
+    budget jsonb NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT owner_budgets_budget_check CHECK ((jsonb_typeof(budget) = 'object'::text)),
+    CONSTRAINT owner_budgets_owner_check CHECK ((owner <> ''::text))
 );
 CREATE TABLE public.promptsched_migrations (
     version integer NOT NULL,
@@ -287,6 +387,8 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_idempotency_key_key UNIQUE (idempotency_key);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.owner_budgets
+    ADD CONSTRAINT owner_budgets_pkey PRIMARY KEY (owner);
 ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.provider_buckets

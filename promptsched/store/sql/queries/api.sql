@@ -97,4 +97,35 @@ SELECT coalesce(sum(tokens) FILTER (WHERE slot >= date_trunc('day', t.now) AT TI
        coalesce(sum(cost), 0)::float8 AS month_cost
 FROM (SELECT coalesce($2::timestamptz, now()) AT TIME ZONE 'UTC' AS now) t
 LEFT JOIN runs r ON r.schedule_id = $1
-                AND r.slot >= date_trunc('month', t.now) AT TIME ZONE 'UTC';
+                AND r.slot >= date_trunc('month', t.now) AT TIME ZONE 'UTC'
+                AND r.slot < (date_trunc('month', t.now) + interval '1 month') AT TIME ZONE 'UTC';
+
+-- name: owner_spend
+-- An owner's tokens and cost over all its schedules in the current UTC day and month (runs by
+-- slot), as budget_verdict counts them.
+SELECT coalesce(sum(r.tokens) FILTER (WHERE r.slot >= date_trunc('day', t.now) AT TIME ZONE 'UTC'), 0)::bigint
+           AS day_tokens,
+       coalesce(sum(r.cost) FILTER (WHERE r.slot >= date_trunc('day', t.now) AT TIME ZONE 'UTC'), 0)::float8
+           AS day_cost,
+       coalesce(sum(r.tokens), 0)::bigint AS month_tokens,
+       coalesce(sum(r.cost), 0)::float8 AS month_cost
+FROM (SELECT coalesce($2::timestamptz, now()) AT TIME ZONE 'UTC' AS now) t
+LEFT JOIN schedules s ON s.owner = $1
+LEFT JOIN runs r ON r.schedule_id = s.id
+                AND r.slot >= date_trunc('month', t.now) AT TIME ZONE 'UTC'
+                AND r.slot < (date_trunc('month', t.now) + interval '1 month') AT TIME ZONE 'UTC';
+
+-- name: owner_budget_get
+SELECT budget, updated_at FROM owner_budgets WHERE owner = $1;
+
+-- name: owner_budget_set
+-- Sets (or, with NULL, removes) an owner's budget; returns the budget now in force.
+WITH removed AS (
+    DELETE FROM owner_budgets WHERE owner = $1 AND $2::jsonb IS NULL
+), stored AS (
+    INSERT INTO owner_budgets (owner, budget, updated_at)
+    SELECT $1, $2::jsonb, now() WHERE $2::jsonb IS NOT NULL
+    ON CONFLICT (owner) DO UPDATE SET budget = excluded.budget, updated_at = excluded.updated_at
+    RETURNING budget
+)
+SELECT (SELECT budget FROM stored) AS budget;

@@ -43,7 +43,13 @@ WITH candidates AS (
               r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
               extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
               extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
-                  AS start_lag
+                  AS start_lag,
+              -- NULL unless a budget of the schedule or its owner is reached (0011_budgets.sql);
+              -- read only where a budget exists, the owners' test once per statement.
+              CASE WHEN s.budget IS NULL AND NOT (SELECT EXISTS (SELECT 1 FROM owner_budgets))
+                   THEN NULL
+                   ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
+              END AS over_budget
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
@@ -110,7 +116,13 @@ WITH admit AS (
               r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
               extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
               extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
-                  AS start_lag
+                  AS start_lag,
+              -- NULL unless a budget of the schedule or its owner is reached (0011_budgets.sql);
+              -- read only where a budget exists, the owners' test once per statement.
+              CASE WHEN s.budget IS NULL AND NOT (SELECT EXISTS (SELECT 1 FROM owner_budgets))
+                   THEN NULL
+                   ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
+              END AS over_budget
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
@@ -165,9 +177,9 @@ RETURNING r.id, r.cancel_requested;
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
-                $8::interval[], $9::text[], $10::text[])
+                $8::interval[], $9::text[], $10::text[], $11::jsonb[])
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
-              attempt_status)
+              attempt_status, notice)
 ), finished AS (
     UPDATE runs r
     SET status = i.status,
@@ -188,7 +200,8 @@ WITH input AS (
         cancel_requested = false
     FROM input i
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
-    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error, i.usage
+    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error, i.usage,
+              i.notice
 ), attempt AS (
     UPDATE run_attempts a
     SET status = f.attempt_status, finished_at = coalesce($1::timestamptz, now()),
@@ -201,9 +214,19 @@ WITH input AS (
     SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
                       coalesce($1::timestamptz, now())) AS written
     FROM finished f
+), noticed AS (
+    -- A run skipped for a reached budget owes one notice per scope and period (budget_owe,
+    -- 0011_budgets.sql): the period's first skip writes it, every later one changes nothing.
+    SELECT budget_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.notice),
+                      coalesce($1::timestamptz, now())) AS written
+    FROM finished f
+    WHERE f.notice IS NOT NULL
 ), woke AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    SELECT pg_notify('promptsched_outbox', 'finish') FROM owed WHERE owed.written > 0
+    -- (A join, not two subqueries under OR: both functions must run whatever the first says.)
+    SELECT pg_notify('promptsched_outbox', 'finish')
+    FROM owed CROSS JOIN noticed
+    WHERE owed.written > 0 OR noticed.written > 0
 )
 SELECT coalesce(array_agg(id), '{}') AS landed, (SELECT count(*) FROM woke)::int AS woken
 FROM finished;
