@@ -120,3 +120,12 @@ def standing(
                 {"limit": key, "allowed": allowed, "spent": spent, "reached": spent >= allowed}
             )
     return rows
+
+
+def standing_words(row: Mapping[str, Any]) -> str:
+    """One ``standing`` entry in words: "22 tokens of 30 tokens a day (73%)", "... reached"."""
+    unit, period = str(row["limit"]).split("_per_")
+    spent, allowed = float(row["spent"]), float(row["allowed"])
+    share = f"{spent / allowed:.0%}" if allowed else "-"
+    state = "reached: runs are skipped" if row.get("reached") else share
+    return f"{amount(unit, spent)} of {amount(unit, allowed)} a {period} ({state})"

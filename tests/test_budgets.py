@@ -93,9 +93,10 @@ async def test_a_schedule_over_its_daily_budget_skips_and_says_so_once_a_day(
     text = mail.get_body(("plain",)).get_content()
     assert "the schedule's daily budget of 30 tokens is reached" in text
     assert "runs start again at 2026-03-03 00:00 UTC" in text
-    assert metrics.registry.get_sample_value(
-        "promptsched_dropped_ticks_total", {"reason": "budget"}
-    ) == 14
+    assert (
+        metrics.registry.get_sample_value("promptsched_dropped_ticks_total", {"reason": "budget"})
+        == 14
+    )
 
 
 async def test_an_owner_budget_holds_over_all_its_schedules(

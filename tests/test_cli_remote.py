@@ -81,7 +81,7 @@ class Cli:
         return remote
 
 
-_GROUPS = {"schedules", "runs", "notifications", "tokens"}
+_GROUPS = {"schedules", "runs", "notifications", "tokens", "budget"}
 
 
 def _all_commands() -> set[str]:
@@ -242,6 +242,15 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
     assert run_cli("schedules", "show", fid, token=alice)[0] == 4
     assert run_cli.json("schedules", "history", fid, token=alice)[0]["action"] == "delete"
     assert run_cli.json("schedules", "delete", bid, token=bob) == {"deleted": b["id"]}
+
+    # The owner's budget, remote and direct alike (tests/test_cli_budget.py has the rest).
+    assert run_cli.json("budget", "set", "tokens/day=500", token=alice)["budget"] == {
+        "tokens_per_day": 500
+    }
+    assert run_cli.both("budget", "show", "--owner", "alice", token=alice)["budget"] == {
+        "tokens_per_day": 500
+    }
+    assert run_cli.json("budget", "clear", token=alice)["budget"] is None
 
     assert not run_cli.data_dir.exists()  # remote mode never touched an embedded database
     assert run_cli.used >= _all_commands() - LOCAL_ONLY, _all_commands() - run_cli.used

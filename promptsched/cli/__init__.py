@@ -14,6 +14,7 @@ from promptsched import config as configuration
 from promptsched import errors
 from promptsched.cli import (
     backend,
+    budget,
     common,
     completion,
     notifications,
@@ -40,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.register_preview(sub)
     runs.register(sub)
     notifications.register(sub)
+    budget.register(sub)
     tokens.register(sub)
     completion.register(sub, parser)
-    for name in ("schedules", "runs", "notifications", "preview"):
+    for name in ("schedules", "runs", "notifications", "preview", "budget"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():

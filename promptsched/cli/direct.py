@@ -266,6 +266,12 @@ class DirectBackend:
     async def preview(self, query: dict[str, Any]) -> dict[str, Any]:
         return preview_locally(query, self.clock)
 
+    async def get_budget(self, owner: str | None) -> dict[str, Any]:
+        return await budget_ops.owner_budget(self.conn, owner or "default", self.clock)
+
+    async def set_budget(self, owner: str | None, budget: dict[str, Any]) -> dict[str, Any]:
+        return await budget_ops.set_owner_budget(self.conn, owner or "default", budget, self.clock)
+
 
 def preview_locally(query: dict[str, Any], clock: Clock) -> dict[str, Any]:
     """The preview the API answers, computed here: pure schedule math, no database."""

@@ -286,6 +286,16 @@ class RemoteBackend:
         data: dict[str, Any] = await self.call("GET", "/v1/preview", params=query)
         return data
 
+    async def get_budget(self, owner: str | None) -> dict[str, Any]:
+        query = {"owner": owner} if owner else None
+        data: dict[str, Any] = await self.call("GET", "/v1/budget", params=query)
+        return data
+
+    async def set_budget(self, owner: str | None, budget: dict[str, Any]) -> dict[str, Any]:
+        query = {"owner": owner} if owner else None
+        data: dict[str, Any] = await self.call("PUT", "/v1/budget", params=query, body=budget)
+        return data
+
 
 async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Server-Sent Events as (event, data); comments and retry lines are skipped."""

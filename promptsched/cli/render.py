@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from promptsched import budgets
 from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
 from promptsched.ops import notify_targets
@@ -189,6 +190,8 @@ def schedule_details(data: Mapping[str, Any], now: datetime) -> str:
             pairs.append(
                 (label, f"{got.get('tokens', 0)} tokens, cost {got.get('cost', 0):g} (UTC)")
             )
+        pairs.append(("budget", budgets.describe(data.get("budget"))))
+        pairs.extend(("", budgets.standing_words(row)) for row in spend.get("budget") or [])
     pairs.append(("created", when(data.get("created_at"), zone, now)))
     pairs.append(("updated", when(data.get("updated_at"), zone, now)))
     return lines(pairs)

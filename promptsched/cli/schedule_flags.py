@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from promptsched import budgets
 from promptsched.errors import ValidationError
 from promptsched.ops import inputs, notify_targets
 
@@ -105,6 +106,12 @@ def fields(args: argparse.Namespace) -> dict[str, Any]:
         if key == "pause_after_failures" and value == 0:
             value = None
         body[key] = value
+    if getattr(args, "no_budget", False):
+        if getattr(args, "budget", None):
+            raise ValidationError("--no-budget", "cannot be combined with --budget")
+        body["budget"] = None
+    elif getattr(args, "budget", None):
+        body["budget"] = budgets.parse_flags(args.budget, field="--budget")
     return body
 
 
@@ -158,4 +165,12 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     cmd.add_argument("--ntfy", metavar="URL", help="notify an ntfy topic (https://ntfy.sh/TOPIC)")
     cmd.add_argument("--notify-on", metavar="EVENTS", help="success,failure (default: both)")
     cmd.add_argument("--no-notify", action="store_true", help="no notifications")
+    cmd.add_argument(
+        "--budget",
+        action="append",
+        metavar="LIMIT=VALUE",
+        help="a spend limit: tokens/day, cost/day, tokens/month or cost/month (UTC), e.g. "
+        "tokens/day=200000 (repeatable" + (")" if creating else "; replaces the current budget)"),
+    )
+    cmd.add_argument("--no-budget", action="store_true", help="no budget for this schedule")
     cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")
