@@ -21,11 +21,12 @@ from promptsched.errors import ValidationError
 LIMITS = ("tokens_per_day", "cost_per_day", "tokens_per_month", "cost_per_month")
 MAX_TOKENS = 10**15
 MAX_COST = 1e12
+Budget = dict[str, int | float]
 # As the CLI and the console write a limit: "tokens/day=200000", "cost/month=40".
 SHORT = {key: key.replace("_per_", "/") for key in LIMITS}
 
 
-def validate(raw: Any, *, field: str = "budget") -> dict[str, int | float] | None:
+def validate(raw: Any, *, field: str = "budget") -> Budget | None:
     """A checked budget, or None for "no budget" (null, or an object with no limits).
 
     Tokens are whole numbers of at least 1; costs positive numbers (in the unit of the price
@@ -35,7 +36,7 @@ def validate(raw: Any, *, field: str = "budget") -> dict[str, int | float] | Non
         return None
     if not isinstance(raw, Mapping):
         raise ValidationError(field, f"must be an object of limits ({', '.join(LIMITS)})")
-    budget: dict[str, int | float] = {}
+    budget: Budget = {}
     for key, value in raw.items():
         where = f"{field}.{key}"
         if key not in LIMITS:
@@ -56,9 +57,9 @@ def validate(raw: Any, *, field: str = "budget") -> dict[str, int | float] | Non
     return budget or None
 
 
-def parse_flags(items: list[str], *, field: str = "budget") -> dict[str, int | float] | None:
+def parse_flags(items: list[str], *, field: str = "budget") -> Budget | None:
     """``["tokens/day=200000", "cost/month=40"]`` (the CLI's --budget) as a budget."""
-    raw: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     for item in items:
         name, sep, text = item.partition("=")
         key = name.strip().replace("/", "_per_")
@@ -66,10 +67,22 @@ def parse_flags(items: list[str], *, field: str = "budget") -> dict[str, int | f
             raise ValidationError(
                 field, f"{item!r} is not LIMIT=VALUE with LIMIT one of {', '.join(SHORT.values())}"
             )
+        texts[key] = text
+    return parse_texts(texts, field=field)
+
+
+def parse_texts(texts: Mapping[str, str], *, field: str = "budget") -> Budget | None:
+    """Limits typed as text (a form's fields, the CLI's values) as a budget; empty: unset."""
+    raw: dict[str, Any] = {}
+    for key, text in texts.items():
+        text = text.strip().replace(",", "").replace("_", "")
+        if not text:
+            continue
         try:
             raw[key] = int(text) if key.startswith("tokens") else float(text)
         except ValueError:
-            raise ValidationError(f"{field}.{key}", f"{text!r} is not a number") from None
+            kind = "a whole number of tokens" if key.startswith("tokens") else "a number"
+            raise ValidationError(f"{field}.{key}", f"{text!r} is not {kind}") from None
     return validate(raw, field=field)
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from functools import cache
 from zoneinfo import ZoneInfo, available_timezones
 
+from promptsched import budgets
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, attrs, join
@@ -22,7 +23,12 @@ LABELS = {
     "catchup_window": "Catch-up window (optional)", "jitter": "Jitter (optional)",
     "dst_gap": "Local time skipped by DST", "dst_fold": "Local time repeated by DST",
     "pause_after_failures": "Pause after dead runs in a row (optional)",
+    "budget_tokens_per_day": "Budget: tokens a day (optional)",
+    "budget_cost_per_day": "Budget: cost a day (optional)",
+    "budget_tokens_per_month": "Budget: tokens a month (optional)",
+    "budget_cost_per_month": "Budget: cost a month (optional)",
 }  # fmt: skip
+BUDGET_FIELDS = tuple(f"budget_{key}" for key in budgets.LIMITS)
 # The options of a select, in words; the value sent is the stored word.
 OPTION_WORDS = {
     "misfire": {"run_once": "run once for all missed slots", "skip": "skip missed slots",
@@ -46,7 +52,22 @@ HINTS = {
     "catchup_window": "missed slots older than this are dropped, whatever the policy",
     "jitter": "each run starts up to this much after its slot, spread evenly",
     "pause_after_failures": "pause the schedule after this many dead runs in a row",
+    "budget_tokens_per_day": "UTC day; once its runs have used this many, the rest of the "
+    "day's runs are skipped (reason budget) and you hear once",
+    "budget_cost_per_day": "in the price table's unit (PROMPTSCHED_PRICES), per UTC day",
+    "budget_tokens_per_month": "per UTC month",
+    "budget_cost_per_month": "per UTC month, in the price table's unit",
 }
+
+
+def budget_values(budget: Mapping[str, object] | None) -> dict[str, str]:
+    """A stored budget as the form's fields (an unset limit: empty)."""
+    found = budget or {}
+    return {
+        f"budget_{key}": "" if found.get(key) is None else str(found[key]) for key in budgets.LIMITS
+    }
+
+
 # Which form field a validation error belongs to, when the error names another.
 _ALIASES = {"schedule": "expression", "cron": "expression", "rrule": "expression",
             "at": "expression", "every": "expression"}  # fmt: skip
@@ -149,6 +170,8 @@ def _field(
 
 
 def _owner(field: str) -> str:
+    if field.startswith("budget.") and f"budget_{field[7:]}" in LABELS:
+        return f"budget_{field[7:]}"
     top = field.split(".", 1)[0].split("[", 1)[0]
     return _ALIASES.get(top, top)
 
@@ -183,3 +206,8 @@ def form(
         cancel="/" if sid is None else f"/schedules/{sid}",
         zones=_zones(),
     )
+
+
+def budget_fields(values: Mapping[str, str], error: ValidationError | None) -> Markup:
+    """The four budget limits as form fields (the owner's budget page uses them too)."""
+    return join(_field(name, values[name], None, error) for name in BUDGET_FIELDS)

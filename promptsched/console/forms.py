@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from promptsched import domain, errors, offload
+from promptsched import budgets, domain, errors, offload
 from promptsched.console import describe, form_page, layout, notify_form, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
@@ -22,7 +22,8 @@ from promptsched.store import queries
 PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
           "misfire", "overlap", "max_attempts", "timeout", "misfire_grace", "misfire_cap",
-          "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures")  # fmt: skip
+          "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures",
+          *form_page.BUDGET_FIELDS)  # fmt: skip
 DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
             "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": "",
             "misfire_grace": "1m", "misfire_cap": "100", "dst_gap": "shift",
@@ -72,6 +73,9 @@ def _raw(values: dict[str, str]) -> dict[str, Any]:
         model=values["model"].strip() or None,
         max_attempts=values["max_attempts"].strip(),
         params=_params(values["params"]),
+        budget=budgets.parse_texts(
+            {key: values[f"budget_{key}"] for key in budgets.LIMITS}, field="budget"
+        ),
     )
     return raw
 
@@ -94,6 +98,7 @@ def _row_values(row: domain.Schedule) -> dict[str, str]:
     values = {key: str(data.get(key) or "") for key in FIELDS}
     values.update(kind=row.kind, max_attempts=str(row.max_attempts))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
+    values.update(form_page.budget_values(row.budget))
     return {**values, **notify_form.values_of(row.notify)}
 
 

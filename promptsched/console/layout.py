@@ -35,7 +35,8 @@ $body
 </html>
 """)
 _NAV = Template("""<nav>
-<a href="/">Schedules</a><a href="/schedules/new">New schedule</a><a href="/dead">Dead letters</a>
+<a href="/">Schedules</a><a href="/schedules/new">New schedule</a><a href="/dead">Dead letters</a>\
+<a href="/budget">Budget</a>
 </nav>
 <div class="who"><span title="the owner this token acts for">$owner</span>
 <form method="post" action="/logout" class="inline">
@@ -65,6 +66,7 @@ DONE = {
     "cancelled": "Run cancelled (a running run stops at its next heartbeat).",
     "replayed": "Replay created.",
     "notification_replayed": "Notification owed again.",
+    "budget_saved": "Budget saved.",
 }
 
 

@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from promptsched import errors
-from promptsched.console import actions, forms, layout, runs, schedules, session
+from promptsched.console import actions, budget_page, forms, layout, runs, schedules, session
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
 from promptsched.ops import schedules as schedule_ops
@@ -147,6 +147,8 @@ ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
     ("POST", "/runs/{id}/cancel", _page(actions.cancel, post=True), "console.cancel"),
     ("POST", "/runs/{id}/replay", _page(actions.replay, post=True), "console.replay"),
     ("GET", "/dead", _page(runs.dead_page), "console.dead"),
+    ("GET", "/budget", _page(budget_page.show), "console.budget"),
+    ("POST", "/budget", _page(budget_page.save, post=True), "console.budget"),
     (
         "POST", "/notifications/{id}/replay", _page(actions.replay_notification, post=True),
         "console.replay_notification",

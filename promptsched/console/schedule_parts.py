@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from promptsched import offload
+from promptsched import budgets, offload
 from promptsched.console import describe, form_page, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
@@ -57,7 +58,21 @@ def _word(field: str, value: str) -> str:
     return form_page.OPTION_WORDS[field].get(value, value)
 
 
-def settings(ctx: Ctx, row: Schedule) -> Markup:
+def spend_words(spend: Mapping[str, Any]) -> str:
+    """This UTC day's and month's spend in words, each budget limit against it."""
+    parts = []
+    for period, label in (("day", "today"), ("month", "this month")):
+        got = spend.get(period) or {}
+        parts.append(
+            f"{label} {budgets.amount('tokens', got.get('tokens', 0))}, "
+            f"cost {budgets.amount('cost', got.get('cost', 0))}"
+        )
+    words = "; ".join(parts) + " (UTC)"
+    limits = [budgets.standing_words(row) for row in spend.get("budget") or []]
+    return words + ("; budget: " + "; ".join(limits) if limits else "")
+
+
+def settings(ctx: Ctx, row: Schedule, spend: Mapping[str, Any] | None = None) -> Markup:
     data = views.schedule_json(row)
     where = timefmt.zone(row.timezone)
     words = describe.describe(row.kind, row.expression)
@@ -79,11 +94,15 @@ def settings(ctx: Ctx, row: Schedule) -> Markup:
                        if row.pause_after_failures else "never"),
         ("Notify", notify_targets.words(notify_targets.public(row.notify)) if row.notify
                    else "nobody"),
+        ("Budget", budgets.describe(row.budget)),
         ("Owner", row.owner),
         ("Version", row.version),
         ("Created", timefmt.stamp(row.created_at, where, ctx.now)),
         ("Updated", timefmt.stamp(row.updated_at, where, ctx.now)),
     ]  # fmt: skip
+    if spend is not None:
+        items.insert(items.index(("Budget", budgets.describe(row.budget))) + 1,
+                     ("Spend", spend_words(spend)))  # fmt: skip
     if row.pause_reason:
         items.insert(0, ("Pause reason", row.pause_reason))
     rows = join(_DL_ROW(term=term, value=value) for term, value in items)

@@ -12,6 +12,7 @@ from promptsched.console import describe, layout, runs, schedule_parts, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import Schedule
+from promptsched.ops import budgets as budget_ops
 from promptsched.ops import schemas, views
 from promptsched.store import queries
 
@@ -194,7 +195,9 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         filters=_run_filters(sid, status),
         runs=runs.run_table(ctx, found, where) if found else _EMPTY(text="No runs."),
         more=more,
-        settings=schedule_parts.settings(ctx, row),
+        settings=schedule_parts.settings(
+            ctx, row, await budget_ops.schedule_spend(pool, row, ctx.deps.clock)
+        ),
         history=schedule_parts.history(ctx, changes, where),
     )
     return layout.page(ctx, row.name, body)
