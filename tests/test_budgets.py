@@ -108,9 +108,9 @@ async def test_an_owner_budget_holds_over_all_its_schedules(
     assert set_.body["budget"] == {"cost_per_month": 0.03}
     sids = []
     for _ in range(2):
-        created = await api.post(
-            "/v1/schedules", alice, json={"name": "n", "cron": "0 9 * * *", "prompt": PROMPT}
-        )
+        body = {"name": "n", "cron": "0 9 * * *", "prompt": PROMPT,
+                "notify": {"email": ["alice@example.com"]}}  # fmt: skip
+        created = await api.post("/v1/schedules", alice, json=body)
         assert created.status == 201, created.body
         sids.append(created.body["id"])
     # Priced at 1,000 per million tokens each way: 0.011 a run. Two runs spend 0.022, the
@@ -125,6 +125,9 @@ async def test_an_owner_budget_holds_over_all_its_schedules(
     got = [(r["status"], r["skip_reason"]) for r in
            [await factories.run_row(pool, rid) for rid in runs]]  # fmt: skip
     assert got == [("succeeded", None)] * 3 + [("skipped", "budget")] * 2
+    # Both schedules' skips are the owner's one notice of the month.
+    notices = await pool.fetch("SELECT run_id, details FROM outbox WHERE event = 'budget'")
+    assert [(n["run_id"], n["details"]["scope"]) for n in notices] == [(runs[3], "owner")]
     error = (await factories.run_row(pool, runs[3]))["error"]
     assert "the owner's monthly budget of 0.03 is reached (0.03 spent" in error
     shown = await api.get("/v1/budget", alice)
