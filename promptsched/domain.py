@@ -62,6 +62,7 @@ class RunOrigin(StrEnum):
     MANUAL = "manual"
     BACKFILL = "backfill"
     REPLAY = "replay"
+    CHECK = "check"  # a follow-up's next check, asked for by the one before it
 
 
 class OutboxEvent(StrEnum):
@@ -72,6 +73,7 @@ class OutboxEvent(StrEnum):
     PAUSED = "paused"
     DIGEST = "digest"  # the ticks a schedule dropped in a period
     BUDGET = "budget"  # a budget of the schedule or its owner is reached (once per period)
+    ESCALATION = "escalation"  # a follow-up still unresolved after a step's number of checks
 
 
 class ChangeAction(StrEnum):
@@ -179,6 +181,8 @@ class ClaimedRun:
     start_lag: float  # seconds from the slot to the claim
     # what budget of the schedule or its owner was reached (budget_verdict), or None
     over_budget: dict[str, Any] | None = None
+    vars: dict[str, Any] | None = None  # template variables (a follow-up's)
+    followup_key: str | None = None  # set for a follow-up's checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,8 @@ class Schedule:
     updated_at: datetime
     notify: dict[str, Any]
     budget: dict[str, Any] | None
+    vars: dict[str, Any] | None
+    followup_key: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,3 +251,5 @@ class ScheduleInput:
     pause_after_failures: int | None = None
     notify: Mapping[str, Any] = field(default_factory=dict)
     budget: Mapping[str, Any] | None = None
+    vars: Mapping[str, Any] | None = None  # template variables (follow-ups set them)
+    followup_key: str | None = None  # a follow-up's key (ops/followups.py)

@@ -21,7 +21,7 @@ class ValidationError(PromptschedError):
 class NotFound(PromptschedError):
     """The resource does not exist, or is not the caller's."""
 
-    def __init__(self, what: str, ident: int) -> None:
+    def __init__(self, what: str, ident: int | str) -> None:
         super().__init__(f"{what} {ident} not found")
 
 

@@ -23,6 +23,7 @@ from promptsched.api.handlers import (
     controls,
     events,
     explain,
+    followups,
     meta,
     notifications,
     runs,
@@ -62,6 +63,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *events.OPERATIONS,
     *notifications.OPERATIONS,
     *budgets.OPERATIONS,
+    *followups.OPERATIONS,
     *meta.OPERATIONS,
 )
 

@@ -52,6 +52,8 @@ class Notification:
     def event_type(self) -> str:
         """``run.succeeded``, ``run.dead``, ``schedule.paused``, ``schedule.digest`` or
         ``schedule.budget``."""
+        if self.event == "escalation":
+            return "followup.escalation"
         if self.event in ("paused", *REPORTS):
             return f"schedule.{self.event}"
         return f"run.{self.event}"
@@ -71,13 +73,16 @@ class Notification:
 
 
 # The events that report on a schedule rather than one run: their facts are report_lines.
-REPORTS = ("digest", "budget")
+REPORTS = ("digest", "budget", "escalation")
 
 
 def outcome_words(notification: Notification) -> str:
     """How the run ended, as a headline says it."""
     if notification.event == "budget":
         return "reached its BUDGET"
+    if notification.event == "escalation":
+        details = notification.details if isinstance(notification.details, dict) else {}
+        return f"ESCALATED: unresolved after {details.get('after_checks', '?')} checks"
     if notification.event == "digest":
         total = (notification.details or {}).get("total", 0)
         return f"DROPPED {total} tick{'s' if total != 1 else ''}"
@@ -100,6 +105,14 @@ def next_steps(notification: Notification) -> str | None:
             "These slots of the schedule did not run. If that is not what you want, change the "
             f"policy named by each reason (`promptsched schedules edit {n.schedule_id}`, or Edit "
             "in the console): overlap, misfire and catch-up window, or the budget."
+        )
+    if n.event == "escalation":
+        details = n.details if isinstance(n.details, dict) else {}
+        return (
+            f"The follow-up {details.get('key', '')!r} is still unresolved after "
+            f"{details.get('after_checks', '?')} checks: this step of its escalation notifies "
+            "you. Its history: `promptsched followups show "
+            f"{details.get('key', '')}` (cancel it with `promptsched followups cancel`)."
         )
     if n.event == "budget":
         return (
@@ -171,6 +184,15 @@ def report_lines(notification: Notification) -> list[str]:
     """A report's facts (digest or budget): a heading line, then one line per fact."""
     if notification.event == "budget":
         return budget_lines(notification)
+    if notification.event == "escalation":
+        details = notification.details if isinstance(notification.details, dict) else {}
+        answer = details.get("decision") or {}
+        asked = ", ".join(f"{k} {v}" for k, v in answer.items()) or "no decision"
+        return [
+            f"Check {details.get('after_checks', '?')} (run #{notification.run_id}):",
+            f"- it asked: {asked}",
+            f"- its output: {clip(' '.join((notification.output or '').split()), 500)}",
+        ]
     return digest_lines(notification)
 
 

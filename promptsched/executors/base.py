@@ -59,6 +59,9 @@ class ExecutionRequest:
 class ExecutionResult:
     output: str
     usage: Mapping[str, int] | None = None
+    # the provider's structured answer, when it has one (the webhook provider's JSON body):
+    # a follow-up's check reads its decision from it (executors/decision.py)
+    answer: Mapping[str, Any] | None = None
 
 
 class Executor(Protocol):

@@ -36,7 +36,7 @@ def _fail(field: str, message: str) -> ValidationError:
     return ValidationError(field, message)
 
 
-def _check_name(inner: str, position: int, field: str) -> str:
+def _check_name(inner: str, position: int, field: str, extra: frozenset[str]) -> str:
     name = inner.strip()
     if not name:
         raise _fail(field, f"empty tag {{{{ }}}} at position {position}")
@@ -46,15 +46,17 @@ def _check_name(inner: str, position: int, field: str) -> str:
             f"invalid tag {{{{ {name} }}}} at position {position}: a tag holds one variable "
             "name (no attribute access, filters or expressions)",
         )
-    if name not in VARIABLES:
-        close = difflib.get_close_matches(name, list(VARIABLES), n=1)
+    if name not in VARIABLES and name not in extra:
+        close = difflib.get_close_matches(name, [*VARIABLES, *extra], n=1)
         hint = f" (did you mean {{{{ {close[0]} }}}}?)" if close else ""
-        known = ", ".join(VARIABLES)
+        known = ", ".join([*VARIABLES, *sorted(extra)])
         raise _fail(field, f"unknown variable {{{{ {name} }}}}{hint}; known variables: {known}")
     return name
 
 
-def _parts(template: str, field: str) -> Iterator[tuple[bool, str]]:
+def _parts(
+    template: str, field: str, extra: frozenset[str] = frozenset()
+) -> Iterator[tuple[bool, str]]:
     """Yield (is_variable, text) pieces in order, raising on the first bad tag."""
     position = 0
     while True:
@@ -66,35 +68,46 @@ def _parts(template: str, field: str) -> Iterator[tuple[bool, str]]:
         if end < 0:
             raise _fail(field, f"unclosed tag: '{{{{' at position {start} has no '}}}}'")
         yield False, template[position:start]
-        yield True, _check_name(template[start + len(_OPEN) : end], start, field)
+        yield True, _check_name(template[start + len(_OPEN) : end], start, field, extra)
         position = end + len(_CLOSE)
 
 
-def validate(template: str, *, field: str = "prompt") -> None:
-    """Raise ``ValidationError(field, ...)`` if the template has a bad or unknown tag."""
+def validate(template: str, *, field: str = "prompt", extra: frozenset[str] = frozenset()) -> None:
+    """Raise ``ValidationError(field, ...)`` if the template has a bad or unknown tag;
+    ``extra`` names variables beyond the built-in ones (a follow-up's ``vars``)."""
     if not isinstance(template, str):
         raise _fail(field, "must be a string")
-    for _ in _parts(template, field):
+    for _ in _parts(template, field, extra):
         pass
 
 
 @lru_cache(maxsize=4096)
-def _pieces(template: str, field: str) -> tuple[tuple[bool, str], ...]:
+def _pieces(
+    template: str, field: str, extra: frozenset[str] = frozenset()
+) -> tuple[tuple[bool, str], ...]:
     # Cached: every run of a schedule renders the same template.
-    return tuple(_parts(template, field))
+    return tuple(_parts(template, field, extra))
 
 
-def variables_used(template: str, *, field: str = "prompt") -> frozenset[str]:
+def variables_used(
+    template: str, *, field: str = "prompt", extra: frozenset[str] = frozenset()
+) -> frozenset[str]:
     """The variable names a (valid) template refers to."""
-    return _variables(template, field)
+    return _variables(template, field, extra)
 
 
 @lru_cache(maxsize=4096)
-def _variables(template: str, field: str) -> frozenset[str]:
-    return frozenset(text for is_variable, text in _pieces(template, field) if is_variable)
+def _variables(template: str, field: str, extra: frozenset[str]) -> frozenset[str]:
+    return frozenset(text for is_variable, text in _pieces(template, field, extra) if is_variable)
 
 
-def render(template: str, context: Mapping[str, str], *, field: str = "prompt") -> str:
+def render(
+    template: str,
+    context: Mapping[str, str],
+    *,
+    field: str = "prompt",
+    extra: frozenset[str] = frozenset(),
+) -> str:
     """Substitute each tag with ``context[name]`` ('' when the context lacks it).
 
     Raises ``ValidationError`` like ``validate`` for a bad template; the worker treats that as
@@ -102,7 +115,7 @@ def render(template: str, context: Mapping[str, str], *, field: str = "prompt") 
     """
     pieces = [
         str(context.get(text, "")) if is_variable else text
-        for is_variable, text in _pieces(template, field)
+        for is_variable, text in _pieces(template, field, extra)
     ]
     return "".join(pieces)
 

@@ -37,14 +37,17 @@ def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any
 
 def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
     """A JSON object with a string ``output`` gives that (and its ``usage``); any other body is
-    the output as text."""
+    the output as text. A JSON object is also the answer a follow-up's check reads its
+    decision from (``recheck_in``, ``recheck_at``)."""
     text = reply.text()
     try:
         data = json.loads(text)
     except ValueError:
         return ExecutionResult(output=text)
-    if not isinstance(data, dict) or "output" not in data:
+    if not isinstance(data, dict):
         return ExecutionResult(output=text)
+    if "output" not in data:
+        return ExecutionResult(output=text, answer=data)
     output = data["output"]
     if not isinstance(output, str):
         raise http_client.invalid_response(provider, '"output" must be a string')
@@ -54,7 +57,7 @@ def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
         for key, value in (usage.items() if isinstance(usage, dict) else ())
         if isinstance(value, int) and not isinstance(value, bool)
     }
-    return ExecutionResult(output=output, usage=counts or None)
+    return ExecutionResult(output=output, usage=counts or None, answer=data)
 
 
 class WebhookExecutor:

@@ -122,6 +122,7 @@ def validate(
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
     current_notify: Mapping[str, Any] | None = None,
     tools: Catalog | None = None,
+    template_vars: frozenset[str] = frozenset(),
 ) -> ScheduleInput:
     """Turn user input into a checked ScheduleInput, or raise naming the first bad field.
 
@@ -133,7 +134,7 @@ def validate(
     kind, expression = _kind_and_expression(raw)
     prompt = _text(raw, "prompt", limit=MAX_PROMPT)
     assert name is not None and prompt is not None
-    template.validate(prompt, field="prompt")
+    template.validate(prompt, field="prompt", extra=template_vars)
     provider = _choice(raw, "provider", "echo", providers)
     params = raw.get("params") or {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):

@@ -96,6 +96,7 @@ async def update_schedule(
                 webhook_allow=webhook_allow,
                 current_notify=row.notify,
                 tools=tools,
+                template_vars=frozenset(row.vars or {}),
             )
         )
         cursor = row.next_fire_at

@@ -112,6 +112,8 @@ _SCHEDULE_OUT: dict[str, Schema] = {
     "pause_reason": {"type": ["string", "null"]},
     "pause_after_failures": {"type": ["integer", "null"]},
     "budget": {"type": ["object", "null"], "description": "the schedule's spend limits"},
+    "vars": {"type": ["object", "null"], "description": "a follow-up's template variables"},
+    "followup_key": {"type": ["string", "null"], "description": "a follow-up's key"},
     "next_fire_at": nullable(TIME),
     "version": {"type": "integer"},
     "created_at": TIME,
@@ -352,6 +354,55 @@ COMPONENTS: dict[str, Schema] = {
         },
         ("owner", "budget", "spend"),
     ),
+    "FollowupCreate": _obj(
+        {
+            "key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "description": "unique per owner, e.g. order-4711-unshipped",
+            },
+            "in": {**DURATION, "description": "the first check this long from now (24h)"},
+            "at": {
+                "type": ["string", "null"],
+                "maxLength": 60,
+                "description": "or the first check at this instant (ISO-8601 with offset)",
+            },
+            "prompt": SCHEDULE_FIELDS["prompt"],
+            "provider": SCHEDULE_FIELDS["provider"],
+            "model": SCHEDULE_FIELDS["model"],
+            "params": SCHEDULE_FIELDS["params"],
+            "vars": {
+                "type": ["object", "null"],
+                "description": "template variables: {{ name }} in the prompt",
+            },
+            "max_checks": {"type": "integer", "minimum": 1, "maximum": 1000},
+            "horizon": {
+                "type": ["string", "number", "null"],
+                "maxLength": 60,
+                "description": "no check after this: a duration after the first check "
+                "(default 30d) or an ISO-8601 instant",
+            },
+            "notify": SCHEDULE_FIELDS["notify"],
+            "escalate": {
+                "type": ["array", "null"],
+                "items": {"type": "object"},
+                "description": '[{"after_checks": N, "notify": {...}}]',
+            },
+            "resolution": {
+                **DURATION,
+                "description": "round the first check up to a "
+                "multiple of this (15m): fire in batches at known instants",
+            },
+            "name": {"type": ["string", "null"], "maxLength": inputs.MAX_NAME},
+            "timeout": DURATION,
+            "max_attempts": SCHEDULE_FIELDS["max_attempts"],
+        },
+        ("key", "prompt"),
+    ),
+    "Followup": {"type": "object", "required": ["key", "state", "checks", "runs"]},
+    "FollowupPage": _page("FollowupSummary"),
+    "FollowupSummary": {"type": "object", "required": ["key", "state", "schedule_id"]},
     "Text": {"type": "string"},
     "Document": {"type": "object"},
     "Status": {

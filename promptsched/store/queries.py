@@ -79,6 +79,8 @@ SCHEDULE_INSERT_COLUMNS = (
     "pause_after_failures",
     "notify",
     "budget",
+    "vars",
+    "followup_key",
 )
 SCHEDULE_UPDATE_COLUMNS = (
     *SCHEDULE_EDITABLE,
@@ -383,6 +385,8 @@ def _claimed_run(row: Record) -> ClaimedRun:
         timeout_seconds=row["timeout_seconds"],
         start_lag=row["start_lag"],
         over_budget=row["over_budget"],
+        vars=row["vars"],
+        followup_key=row["followup_key"],
     )
 
 
@@ -487,6 +491,8 @@ class Finish:
     retry_in: timedelta | None = None
     skip_reason: str | None = None
     notice: dict[str, Any] | None = None  # a reached budget the owner is told of (once)
+    # a follow-up's check that ended: {"decision": {...} | None} (followup_record)
+    check: dict[str, Any] | None = None
 
 
 async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish]) -> set[int]:
@@ -504,6 +510,7 @@ async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish])
         [f.skip_reason for f in batch],
         [f.attempt_status for f in batch],
         [f.notice for f in batch],
+        [f.check for f in batch],
     )
     assert row is not None
     return set(row["landed"])
@@ -819,3 +826,47 @@ async def run_dead_page(
 async def run_purge_finished(db: DB, now: datetime | None, retention: timedelta, limit: int) -> int:
     count: int = await db.fetchval(_Q["run_purge_finished"], now, retention, limit)
     return count
+
+
+# --- follow-ups -----------------------------------------------------------------------------
+
+
+async def followup_get(db: DB, owner: str, key: str) -> Record | None:
+    return await db.fetchrow(_Q["followup_get"], owner, key)
+
+
+async def followup_lock(db: DB, owner: str, key: str) -> Record | None:
+    return await db.fetchrow(_Q["followup_lock"], owner, key)
+
+
+async def followup_insert(
+    db: DB,
+    schedule_id: int,
+    *,
+    owner: str,
+    key: str,
+    request: Mapping[str, Any],
+    due_at: datetime,
+    max_checks: int,
+    horizon: datetime,
+    escalate: Sequence[Mapping[str, Any]],
+) -> None:
+    await db.execute(
+        _Q["followup_insert"], schedule_id, owner, key, dict(request), due_at, max_checks,
+        horizon, [dict(step) for step in escalate],
+    )  # fmt: skip
+
+
+async def followup_checks(db: DB, schedule_id: int) -> list[Record]:
+    return await db.fetch(_Q["followup_checks"], schedule_id)
+
+
+async def followup_list(
+    db: DB, owner: str | None, state: str | None, before_id: int | None, limit: int
+) -> list[Record]:
+    return await db.fetch(_Q["followup_list"], owner, state, before_id, limit)
+
+
+async def followup_cancel(db: DB, schedule_id: int, actor: str, now: datetime | None) -> int:
+    stopped: int = await db.fetchval(_Q["followup_cancel"], schedule_id, actor, now)
+    return stopped

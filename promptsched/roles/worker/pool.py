@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import random
 import socket
@@ -29,7 +30,7 @@ from promptsched.errors import (
     RetryableError,
     ValidationError,
 )
-from promptsched.executors import template
+from promptsched.executors import decision, template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry, Step
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
@@ -50,6 +51,11 @@ BREAKER_FAILURES = 5
 BREAKER_BASE = 30.0
 BREAKER_MAX = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def _var_text(value: Any) -> str:
+    """A follow-up's var as the prompt shows it (JSON's true/false, not Python's)."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
 def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
@@ -367,8 +373,9 @@ class WorkerPool:
         """The prompt and params of this attempt, templates filled in from the run context."""
         params = dict(row.params or {})
         system = params.get("system")
-        used = template.variables_used(row.prompt) | (
-            template.variables_used(system, field="params.system")
+        given = frozenset(row.vars or {})  # a follow-up's vars
+        used = template.variables_used(row.prompt, extra=given) | (
+            template.variables_used(system, field="params.system", extra=given)
             if isinstance(system, str)
             else frozenset()
         )
@@ -386,9 +393,10 @@ class WorkerPool:
             previous_run_at=previous["finished_at"] if previous else None,
             previous_output=previous["output"] if previous else None,
         )
-        prompt = template.render(row.prompt, context)
+        context.update({name: _var_text(value) for name, value in (row.vars or {}).items()})
+        prompt = template.render(row.prompt, context, extra=given)
         if isinstance(system, str):  # a system prompt is a template too
-            params["system"] = template.render(system, context, field="params.system")
+            params["system"] = template.render(system, context, field="params.system", extra=given)
         return prompt, params
 
     async def _call_executor(
@@ -466,6 +474,10 @@ class WorkerPool:
         usage = self._account(row, attempt, outcome)
         if usage is not None:
             item = dataclasses.replace(item, usage=usage)
+        if row.followup_key is not None and isinstance(outcome, ExecutionResult):
+            if item.status == RunStatus.SUCCEEDED:
+                found = decision.read(outcome.answer, outcome.output)
+                item = dataclasses.replace(item, check={"decision": found})
         if item.status == RunStatus.CANCELLED:
             self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
         elif item.status == RunStatus.SUCCEEDED:
@@ -502,6 +514,9 @@ class WorkerPool:
         return usage
 
     def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
+        if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
+            # A follow-up's check ended: the finish records it (and any next check).
+            item = dataclasses.replace(item, check={"decision": None})
         attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
         self.finalizer.submit(
             item, lambda outcome: self._finished_write(attempt, row, item, outcome)

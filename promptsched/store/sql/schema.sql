@@ -89,6 +89,116 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+CREATE FUNCTION public.followup_record(run_ids bigint[], schedule_ids bigint[], statuses text[], decisions jsonb[], at timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    item record;
+    f followups%ROWTYPE;
+    number integer;
+    next_at timestamptz;
+    outcome text;
+    steps integer[];
+    owed integer := 0;
+    written integer;
+BEGIN
+    IF run_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR item IN
+        SELECT * FROM unnest(run_ids, schedule_ids, statuses, decisions)
+                      AS u (run_id, schedule_id, status, decision)
+    LOOP
+        SELECT * INTO f FROM followups WHERE schedule_id = item.schedule_id FOR UPDATE;
+        IF NOT FOUND OR f.state <> 'active' THEN
+            CONTINUE;
+        END IF;
+        number := f.checks + 1;
+        next_at := NULL;
+        IF item.status = 'succeeded' AND item.decision IS NOT NULL THEN
+            next_at := coalesce((item.decision ->> 'recheck_at')::timestamptz,
+                                at + make_interval(secs => (item.decision ->> 'recheck_in')::float8));
+        END IF;
+        outcome := CASE
+            WHEN item.status = 'dead' THEN 'failed'
+            WHEN item.status = 'cancelled' THEN 'cancelled'
+            WHEN item.status <> 'succeeded' THEN item.status
+            WHEN next_at IS NULL THEN 'done'
+            WHEN next_at < at THEN 'past'
+            WHEN next_at > f.horizon THEN 'horizon'
+            WHEN number >= f.max_checks THEN 'max_checks'
+            ELSE 'recheck' END;
+        -- Escalation: this check left the follow-up unresolved (it asked for another one).
+        steps := '{}';
+        IF item.status = 'succeeded' AND next_at IS NOT NULL THEN
+            SELECT coalesce(array_agg(s.ordinality::integer - 1), '{}') INTO steps
+            FROM jsonb_array_elements(f.escalate) WITH ORDINALITY AS s (step, ordinality)
+            WHERE (s.step ->> 'after_checks')::integer = number;
+        END IF;
+        IF outcome = 'recheck' THEN
+            INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at,
+                              created_at)
+            SELECT s.id, next_at, 'check', s.provider, s.max_attempts, next_at, at
+            FROM schedules s WHERE s.id = item.schedule_id;
+        END IF;
+        INSERT INTO followup_checks (schedule_id, run_id, number, status, decision, outcome,
+                                     next_at, escalated, at)
+        VALUES (item.schedule_id, item.run_id, number, item.status, item.decision, outcome,
+                next_at, steps, at);
+        UPDATE followups
+        SET checks = number,
+            state = CASE WHEN outcome = 'recheck' THEN 'active'
+                         WHEN outcome = 'done' THEN 'done' ELSE 'ended' END,
+            ended_reason = CASE WHEN outcome IN ('recheck', 'done') THEN NULL ELSE outcome END,
+            updated_at = at
+        WHERE schedule_id = item.schedule_id;
+        IF cardinality(steps) > 0 THEN
+            INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+                                details, available_at, created_at)
+            SELECT item.run_id, item.schedule_id, c.channel, c.target, 'escalation',
+                   format('promptsched-escalation-%s-%s-%s', item.schedule_id, st.step,
+                          c.channel),
+                   jsonb_build_object('step', st.step, 'after_checks', number,
+                                      'key', f.key, 'decision', item.decision),
+                   at, at
+            FROM unnest(steps) AS st (step)
+            CROSS JOIN LATERAL notify_targets_of(f.escalate -> st.step -> 'notify') AS c
+            ON CONFLICT (idempotency_key) DO NOTHING;
+            GET DIAGNOSTICS written = ROW_COUNT;
+            owed := owed + written;
+        END IF;
+    END LOOP;
+    RETURN owed;
+END
+$$;
+CREATE FUNCTION public.notify_targets_of(notify jsonb) RETURNS TABLE(channel text, target jsonb)
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT c.channel, c.target
+    FROM (VALUES
+        ('email',
+         CASE WHEN jsonb_typeof(notify -> 'email') = 'array'
+                   AND jsonb_array_length(notify -> 'email') > 0
+              THEN notify -> 'email' END),
+        ('webhook',
+         CASE WHEN jsonb_typeof(notify -> 'webhook') = 'object'
+                   AND jsonb_typeof(notify -> 'webhook' -> 'url') = 'string'
+              THEN (notify -> 'webhook') - 'secret' END),
+        ('slack',
+         CASE WHEN jsonb_typeof(notify -> 'slack' -> 'url') = 'string'
+              THEN jsonb_build_object('host', coalesce(
+                  substring(notify -> 'slack' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END),
+        ('discord',
+         CASE WHEN jsonb_typeof(notify -> 'discord' -> 'url') = 'string'
+              THEN jsonb_build_object('host', coalesce(
+                  substring(notify -> 'discord' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END),
+        ('ntfy',
+         CASE WHEN jsonb_typeof(notify -> 'ntfy' -> 'url') = 'string'
+              THEN jsonb_build_object('host', coalesce(
+                  substring(notify -> 'ntfy' ->> 'url' FROM '^[a-z]+://([^/:?#]+)'), '?')) END)
+    ) AS c (channel, target)
+    WHERE c.target IS NOT NULL
+$$;
 CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statuses text[], at timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -159,6 +269,45 @@ ALTER TABLE public.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.followup_checks (
+    id bigint NOT NULL,
+    schedule_id bigint NOT NULL,
+    run_id bigint,
+    number integer NOT NULL,
+    status text NOT NULL,
+    decision jsonb,
+    outcome text NOT NULL,
+    next_at timestamp with time zone,
+    escalated integer[] DEFAULT '{}'::integer[] NOT NULL,
+    at timestamp with time zone NOT NULL
+);
+ALTER TABLE public.followup_checks ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.followup_checks_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.followups (
+    schedule_id bigint NOT NULL,
+    owner text NOT NULL,
+    key text NOT NULL,
+    request jsonb NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    max_checks integer NOT NULL,
+    horizon timestamp with time zone NOT NULL,
+    escalate jsonb DEFAULT '[]'::jsonb NOT NULL,
+    checks integer DEFAULT 0 NOT NULL,
+    state text DEFAULT 'active'::text NOT NULL,
+    ended_reason text,
+    cancelled_by text,
+    cancelled_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT followups_max_checks_check CHECK (((max_checks >= 1) AND (max_checks <= 1000))),
+    CONSTRAINT followups_state_check CHECK ((state = ANY (ARRAY['active'::text, 'done'::text, 'ended'::text, 'cancelled'::text])))
+);
 CREATE TABLE public.leaders (
     name text NOT NULL,
     holder text NOT NULL,
@@ -199,6 +348,8 @@ CREATE TABLE public.schedules (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     notify jsonb DEFAULT '{}'::jsonb NOT NULL,
     budget jsonb,
+    vars jsonb,
+    followup_key text,
     CONSTRAINT schedules_budget_is_object CHECK (((budget IS NULL) OR (jsonb_typeof(budget) = 'object'::text))),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
     CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
@@ -208,7 +359,8 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_misfire_policy_check CHECK ((misfire_policy = ANY (ARRAY['run_once'::text, 'skip'::text, 'run_all'::text]))),
     CONSTRAINT schedules_notify_is_object CHECK ((jsonb_typeof(notify) = 'object'::text)),
     CONSTRAINT schedules_overlap_policy_check CHECK ((overlap_policy = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer_one'::text, 'buffer_all'::text, 'cancel_other'::text]))),
-    CONSTRAINT schedules_pause_after_failures_check CHECK ((pause_after_failures > 0))
+    CONSTRAINT schedules_pause_after_failures_check CHECK ((pause_after_failures > 0)),
+    CONSTRAINT schedules_vars_is_object CHECK (((vars IS NULL) OR (jsonb_typeof(vars) = 'object'::text)))
 );
 CREATE VIEW public.notify_channels AS
  SELECT s.id AS schedule_id,
@@ -264,7 +416,7 @@ CREATE TABLE public.outbox (
     sent_at timestamp with time zone,
     details jsonb,
     CONSTRAINT outbox_channel_check CHECK ((channel = ANY (ARRAY['email'::text, 'webhook'::text, 'slack'::text, 'discord'::text, 'ntfy'::text]))),
-    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text, 'budget'::text]))),
+    CONSTRAINT outbox_event_check CHECK ((event = ANY (ARRAY['succeeded'::text, 'dead'::text, 'paused'::text, 'digest'::text, 'budget'::text, 'escalation'::text]))),
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_sending_has_lease CHECK (((status <> 'sending'::text) OR ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'sent'::text, 'dead'::text])))
@@ -338,7 +490,7 @@ CREATE TABLE public.runs (
     finished_at timestamp with time zone,
     tokens bigint DEFAULT 0 NOT NULL,
     cost double precision DEFAULT 0 NOT NULL,
-    CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text]))),
+    CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'skipped'::text])))
@@ -381,6 +533,10 @@ ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
+ALTER TABLE ONLY public.followup_checks
+    ADD CONSTRAINT followup_checks_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.followups
+    ADD CONSTRAINT followups_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.leaders
     ADD CONSTRAINT leaders_pkey PRIMARY KEY (name);
 ALTER TABLE ONLY public.outbox
@@ -404,6 +560,8 @@ ALTER TABLE ONLY public.schedule_changes
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
 CREATE INDEX api_tokens_owner_idx ON public.api_tokens USING btree (owner, id);
+CREATE INDEX followup_checks_schedule_idx ON public.followup_checks USING btree (schedule_id, id);
+CREATE UNIQUE INDEX followups_owner_key ON public.followups USING btree (owner, key);
 CREATE INDEX outbox_claim_idx ON public.outbox USING btree (available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX outbox_dead_idx ON public.outbox USING btree (id) WHERE (status = 'dead'::text);
 CREATE INDEX outbox_lease_idx ON public.outbox USING btree (lease_expires_at) WHERE (status = 'sending'::text);
@@ -421,8 +579,15 @@ CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DES
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
 CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE enabled;
+CREATE UNIQUE INDEX schedules_followup_key ON public.schedules USING btree (owner, followup_key) WHERE (followup_key IS NOT NULL);
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
+ALTER TABLE ONLY public.followup_checks
+    ADD CONSTRAINT followup_checks_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE SET NULL;
+ALTER TABLE ONLY public.followup_checks
+    ADD CONSTRAINT followup_checks_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.followups(schedule_id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.followups
+    ADD CONSTRAINT followups_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.outbox

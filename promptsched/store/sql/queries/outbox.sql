@@ -46,14 +46,22 @@ WITH candidates AS (
               o.max_attempts, o.claim_token, o.idempotency_key, o.details
 )
 SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
-       s.notify -> 'webhook' ->> 'secret' AS webhook_secret,
-       CASE WHEN c.channel IN ('slack', 'discord', 'ntfy') THEN s.notify -> c.channel ->> 'url'
+       n.notify -> 'webhook' ->> 'secret' AS webhook_secret,
+       CASE WHEN c.channel IN ('slack', 'discord', 'ntfy') THEN n.notify -> c.channel ->> 'url'
        END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
        r.finished_at
 FROM claimed c
 JOIN runs r ON r.id = c.run_id
-JOIN schedules s ON s.id = c.schedule_id;
+JOIN schedules s ON s.id = c.schedule_id
+-- A follow-up's escalation goes to its step's own targets (followups.escalate), the rest to
+-- the schedule's.
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN c.event = 'escalation'
+                THEN (SELECT f.escalate -> (c.details ->> 'step')::int -> 'notify'
+                      FROM followups f WHERE f.schedule_id = c.schedule_id)
+                ELSE s.notify END AS notify
+) n;
 
 -- name: outbox_settle_many
 -- Record how each claimed send ended, in one statement: sent, pending (a retry after the

@@ -49,7 +49,8 @@ WITH candidates AS (
               CASE WHEN s.budget IS NULL AND NOT (SELECT EXISTS (SELECT 1 FROM owner_budgets))
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
-              END AS over_budget
+              END AS over_budget,
+              s.vars, s.followup_key
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
@@ -122,7 +123,8 @@ WITH admit AS (
               CASE WHEN s.budget IS NULL AND NOT (SELECT EXISTS (SELECT 1 FROM owner_budgets))
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
-              END AS over_budget
+              END AS over_budget,
+              s.vars, s.followup_key
 ), recorded AS (
     INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
     SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
@@ -177,9 +179,9 @@ RETURNING r.id, r.cancel_requested;
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
-                $8::interval[], $9::text[], $10::text[], $11::jsonb[])
+                $8::interval[], $9::text[], $10::text[], $11::jsonb[], $12::jsonb[])
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
-              attempt_status, notice)
+              attempt_status, notice, followup)
 ), finished AS (
     UPDATE runs r
     SET status = i.status,
@@ -201,7 +203,7 @@ WITH input AS (
     FROM input i
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
     RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error, i.usage,
-              i.notice
+              i.notice, i.followup
 ), attempt AS (
     UPDATE run_attempts a
     SET status = f.attempt_status, finished_at = coalesce($1::timestamptz, now()),
@@ -221,12 +223,20 @@ WITH input AS (
                       coalesce($1::timestamptz, now())) AS written
     FROM finished f
     WHERE f.notice IS NOT NULL
+), checked AS (
+    -- A follow-up's check that ended records its decision, and writes the next check or
+    -- ends the follow-up (followup_record, 0012_followups.sql), in this same statement.
+    SELECT followup_record(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
+                           array_agg(f.followup -> 'decision'),
+                           coalesce($1::timestamptz, now())) AS written
+    FROM finished f
+    WHERE f.followup IS NOT NULL AND f.status <> 'pending'
 ), woke AS (
     -- NOTIFY is delivered at commit: a notifier never wakes before the rows are visible.
-    -- (A join, not two subqueries under OR: both functions must run whatever the first says.)
+    -- (A join, not subqueries under OR: every function must run whatever the first says.)
     SELECT pg_notify('promptsched_outbox', 'finish')
-    FROM owed CROSS JOIN noticed
-    WHERE owed.written > 0 OR noticed.written > 0
+    FROM owed CROSS JOIN noticed CROSS JOIN checked
+    WHERE owed.written > 0 OR noticed.written > 0 OR checked.written > 0
 )
 SELECT coalesce(array_agg(id), '{}') AS landed, (SELECT count(*) FROM woke)::int AS woken
 FROM finished;

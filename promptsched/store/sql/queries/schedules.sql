@@ -2,9 +2,10 @@
 INSERT INTO schedules (
     owner, name, kind, expression, timezone, dst_gap, dst_fold, prompt, provider, model, params,
     misfire_policy, misfire_cap, misfire_grace, catchup_window, overlap_policy, max_attempts,
-    timeout, jitter, enabled, next_fire_at, pause_after_failures, notify, budget)
+    timeout, jitter, enabled, next_fire_at, pause_after_failures, notify, budget, vars,
+    followup_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20, $21, $22, $23, $24)
+        $20, $21, $22, $23, $24, $25, $26)
 RETURNING *;
 
 -- name: schedule_get

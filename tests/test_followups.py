@@ -1,0 +1,205 @@
+"""Follow-ups (issue 22) end to end: a real `promptsched run` process, its HTTP API, and a fake
+webhook provider on loopback that answers each check. A chain that asks to be checked again
+twice and then is done runs three checks, escalates once after the second, and its history
+shows every decision; max_checks and the horizon each end a chain with their reason; vars reach
+the prompt; bad vars are refused naming the field, and nothing is stored."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import asyncpg
+import pytest
+from aiohttp import web
+
+from promptsched.web import auth
+from tests import api_support
+from tests.api_support import Api
+from tests.fakes import serve
+from tests.fakes.http_sink import HttpSink, start_http_sink
+from tests.helpers import Service, wait_until
+
+
+class Provider:
+    """The fake webhook provider: each check's prompt names its chain; the chain's script of
+    answers (JSON bodies) is played in order, then ``{"done": true}``."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[str, list[dict[str, Any]]] = {}
+        self.prompts: dict[str, list[str]] = defaultdict(list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        prompt: str = payload["prompt"]
+        chain = prompt.split()[-1].rstrip("?")
+        self.prompts[chain].append(prompt)
+        script = self.scripts.get(chain, [])
+        answer = script.pop(0) if script else {"done": True}
+        return web.json_response(answer)
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[tuple[Provider, str]]:
+    fake = Provider()
+    app = web.Application()
+    app.router.add_post("/check", fake.handle)
+    async with serve(app) as base_url:
+        yield fake, f"{base_url}/check"
+
+
+@pytest.fixture
+async def escalations() -> AsyncIterator[HttpSink]:
+    async with start_http_sink() as sink:
+        yield sink
+
+
+async def _service(dsn: str, tmp_path: Path, hook: str) -> tuple[Service, str]:
+    env = {
+        "PROMPTSCHED_PROVIDERS": "hook",
+        "PROMPTSCHED_PROVIDER_HOOK_KIND": "webhook",
+        "PROMPTSCHED_PROVIDER_HOOK_BASE_URL": hook,
+        "PROMPTSCHED_WEBHOOK_ALLOW": "127.0.0.1/32",
+    }
+    service = Service(dsn, tmp_path / "service.log", env=env)
+    port = (await service.wait_event("api.listening", timeout=60))["port"]
+    return service, f"http://127.0.0.1:{port}"
+
+
+async def _state(pool: asyncpg.Pool[Any], key: str) -> str | None:
+    state: str | None = await pool.fetchval("SELECT state FROM followups WHERE key = $1", key)
+    return state
+
+
+async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
+    dsn: str,
+    pool: asyncpg.Pool[Any],
+    tmp_path: Path,
+    provider: tuple[Provider, str],
+    escalations: HttpSink,
+) -> None:
+    fake, hook = provider
+    again = {"recheck_in": "2s"}
+    fake.scripts = {"4711": [again, again], "cap": [again] * 10, "far": [{"recheck_in": "1h"}]}
+    token, _ = await auth.create_token(pool, owner="shop")
+    who = {"Authorization": f"Bearer {token}"}
+    service, url = await _service(dsn, tmp_path, hook)
+    try:
+        async with aiohttp.ClientSession(headers=who) as http:
+            body = {
+                "key": "order-4711-unshipped", "in": "1s", "provider": "hook",
+                "prompt": "Has order {{ order_id }} shipped? Check {{ order_id }}",
+                "vars": {"order_id": "4711"}, "max_checks": 5,
+                "escalate": [{"after_checks": 2,
+                              "notify": {"webhook": {"url": escalations.url}}}],
+            }  # fmt: skip
+            async with http.post(f"{url}/v1/followups", json=body) as reply:
+                assert reply.status == 201, await reply.text()
+            # The same key and body again: the same follow-up, 200; another body: 409.
+            async with http.post(f"{url}/v1/followups", json=body) as reply:
+                assert reply.status == 200
+                assert (await reply.json())["key"] == "order-4711-unshipped"
+            async with http.post(f"{url}/v1/followups", json={**body, "in": "2h"}) as reply:
+                assert reply.status == 409
+                assert "in differs" in (await reply.json())["error"]["message"]
+            for key, chain, extra in (("cap-chain", "cap", {"max_checks": 2}),
+                                      ("far-chain", "far", {"horizon": "30m"})):  # fmt: skip
+                guarded = {"key": key, "in": "1s", "provider": "hook",
+                           "prompt": f"Check {chain}", **extra}  # fmt: skip
+                async with http.post(f"{url}/v1/followups", json=guarded) as reply:
+                    assert reply.status == 201, await reply.text()
+
+            async def finished() -> bool:
+                states = [await _state(pool, k) for k in
+                          ("order-4711-unshipped", "cap-chain", "far-chain")]  # fmt: skip
+                return all(s not in (None, "active") for s in states)
+
+            await wait_until(finished, timeout=60, what="the three chains to end")
+            async with http.get(f"{url}/v1/followups/order-4711-unshipped") as reply:
+                assert reply.status == 200
+                shown = await reply.json()
+            with anyio.fail_after(20):
+                await escalations.wait_for(lambda sink: len(sink.requests) >= 1)
+    finally:
+        service.stop()
+    # Three checks: recheck, recheck, done; each a run of its own, the rechecks of origin check.
+    assert shown["state"] == "done" and shown["checks_done"] == 3
+    assert [c["outcome"] for c in shown["checks"]] == ["recheck", "recheck", "done"]
+    assert [c["decision"] for c in shown["checks"]] == [
+        {"recheck_in": 2.0},
+        {"recheck_in": 2.0},
+        None,
+    ]
+    assert [(r["origin"], r["status"]) for r in shown["runs"]] == [
+        ("cadence", "succeeded"),
+        ("check", "succeeded"),
+        ("check", "succeeded"),
+    ]
+    assert shown["checks"][1]["escalated"] == [0] and shown["checks"][0]["escalated"] == []
+    # vars reached the prompt, every time.
+    assert fake.prompts["4711"] == ["Has order 4711 shipped? Check 4711"] * 3
+    # One escalation, after the second check, to the step's own target.
+    [sent] = escalations.requests
+    payload = sent.json()
+    assert payload["event"] == "followup.escalation"
+    assert payload["escalation"]["after_checks"] == 2
+    assert payload["escalation"]["key"] == "order-4711-unshipped"
+    # The guards: max_checks ends "cap" after 2 checks, the horizon ends "far" after 1.
+    rows = {r["key"]: r for r in await pool.fetch("SELECT * FROM followups")}
+    cap, far = rows["cap-chain"], rows["far-chain"]
+    assert (cap["state"], cap["ended_reason"]) == ("ended", "max_checks")
+    assert cap["checks"] == 2 and len(fake.prompts["cap"]) == 2
+    assert (far["state"], far["ended_reason"]) == ("ended", "horizon")
+    assert far["checks"] == 1 and len(fake.prompts["far"]) == 1
+    pending = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'pending'")
+    assert pending == 0  # no chain left a check behind
+
+
+async def test_vars_are_checked_and_a_bad_request_stores_nothing(
+    pool: asyncpg.Pool[Any], api: Api
+) -> None:
+    who = await api.token("shop")
+    before = await api_support.snapshot(pool)
+    base = {"key": "k-1", "in": "1h", "prompt": "Has {{ order_id }} shipped?"}
+    for body, field in (
+        ({**base}, "vars.order_id"),  # missing
+        ({**base, "vars": {"order_id": {"nested": 1}}}, "vars.order_id"),  # wrong type
+        ({**base, "vars": {"order_id": "1", "date": "x"}}, "vars.date"),  # a built-in name
+        ({**base, "vars": {"order_id": "x" * 9000}}, "vars"),  # too large
+        ({**base, "vars": ["order_id"]}, "vars"),
+        ({**base, "vars": {"order_id": "1"}, "in": "soon"}, "in"),
+        ({**base, "vars": {"order_id": "1"}, "in": None, "at": "2020-01-01T00:00:00Z"}, "at"),
+        ({**base, "vars": {"order_id": "1"}, "key": "has space"}, "key"),
+        (
+            {
+                **base,
+                "vars": {"order_id": "1"},
+                "max_checks": 3,
+                "escalate": [{"after_checks": 3, "notify": {"email": ["a@example.com"]}}],
+            },
+            "escalate[0].after_checks",
+        ),
+    ):
+        reply = await api.post("/v1/followups", who, json=body)
+        assert reply.status == 422, (body, reply.body)
+        assert reply.body["error"]["field"] == field, (body, reply.body)
+    assert await api_support.snapshot(pool) == before
+    assert await pool.fetchval("SELECT count(*) FROM followups") == 0
+    good = await api.post("/v1/followups", who, json={**base, "vars": {"order_id": 4711}})
+    assert good.status == 201, good.body
+    assert good.body["vars"] == {"order_id": 4711}
+    # Cancel by key: idempotent; an unknown key is 404; another owner's key is not found.
+    assert (await api.delete("/v1/followups/k-1", who)).status == 204
+    assert (await api.delete("/v1/followups/k-1", who)).status == 204
+    assert (await api.delete("/v1/followups/nope", who)).status == 404
+    assert (await api.get("/v1/followups/k-1", await api.token("other"))).status == 404
+    shown = await api.get("/v1/followups/k-1", who)
+    assert shown.body["state"] == "cancelled" and shown.body["cancelled_by"] == "shop"
+    listed = await api.get("/v1/followups?state=cancelled", who)
+    assert [f["key"] for f in listed.body["items"]] == ["k-1"]
+    json.dumps(listed.body)
