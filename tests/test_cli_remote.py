@@ -81,7 +81,7 @@ class Cli:
         return remote
 
 
-_GROUPS = {"schedules", "runs", "notifications", "tokens", "budget"}
+_GROUPS = {"schedules", "runs", "notifications", "tokens", "budget", "followups"}
 
 
 def _all_commands() -> set[str]:
@@ -251,6 +251,13 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
         "tokens_per_day": 500
     }
     assert run_cli.json("budget", "clear", token=alice)["budget"] is None
+    # Follow-ups (tests/test_cli_followups.py has the rest).
+    added = run_cli.json("followups", "add", "--key", "k1", "--in", "1h", "--prompt", "p",
+                         token=alice)  # fmt: skip
+    assert added["key"] == "k1" and added["state"] == "active"
+    assert run_cli.json("followups", "show", "k1", token=alice)["key"] == "k1"
+    assert [f["key"] for f in run_cli.json("followups", "list", token=alice)] == ["k1"]
+    assert run_cli.json("followups", "cancel", "k1", token=alice) == {"cancelled": "k1"}
 
     assert not run_cli.data_dir.exists()  # remote mode never touched an embedded database
     assert run_cli.used >= _all_commands() - LOCAL_ONLY, _all_commands() - run_cli.used

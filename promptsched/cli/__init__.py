@@ -17,6 +17,7 @@ from promptsched.cli import (
     budget,
     common,
     completion,
+    followups,
     notifications,
     runs,
     schedules,
@@ -42,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(sub)
     notifications.register(sub)
     budget.register(sub)
+    followups.register(sub)
     tokens.register(sub)
     completion.register(sub, parser)
-    for name in ("schedules", "runs", "notifications", "preview", "budget"):
+    for name in ("schedules", "runs", "notifications", "preview", "budget", "followups"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():

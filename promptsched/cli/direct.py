@@ -25,6 +25,7 @@ from promptsched.domain import RunStatus, Schedule
 from promptsched.errors import ValidationError
 from promptsched.ops import budgets as budget_ops
 from promptsched.ops import explain as explaining
+from promptsched.ops import followups as followup_ops
 from promptsched.ops import inputs, notifications, validate, views
 from promptsched.ops import runs as run_ops
 from promptsched.ops import schedules as schedule_ops
@@ -265,6 +266,33 @@ class DirectBackend:
 
     async def preview(self, query: dict[str, Any]) -> dict[str, Any]:
         return preview_locally(query, self.clock)
+
+    # Follow-ups: direct mode acts for --owner (default ``default``).
+    async def create_followup(
+        self, body: dict[str, Any], owner: str | None
+    ) -> tuple[bool, dict[str, Any]]:
+        kinds = self._providers()
+        return await followup_ops.create(
+            self.conn, self.clock, body, owner=owner or "default", actor=CLI_ACTOR,
+            providers=list(kinds), provider_kinds=kinds,
+            webhook_allow=self.config.webhook_allow,
+            tools=await _tool_catalog(self.config, body.get("params")),
+        )  # fmt: skip
+
+    async def get_followup(self, key: str, owner: str | None) -> dict[str, Any]:
+        return await followup_ops.show(self.conn, owner or "default", key)
+
+    async def cancel_followup(self, key: str, owner: str | None) -> None:
+        await followup_ops.cancel(
+            self.conn, owner or "default", key, actor=CLI_ACTOR, clock=self.clock
+        )
+
+    async def list_followups(
+        self, state: str | None, limit: int, owner: str | None
+    ) -> list[dict[str, Any]]:
+        return await followup_ops.list_(
+            self.conn, owner or "default", state, before_id=None, limit=limit
+        )
 
     async def get_budget(self, owner: str | None) -> dict[str, Any]:
         return await budget_ops.owner_budget(self.conn, owner or "default", self.clock)

@@ -140,6 +140,16 @@ class RemoteBackend:
         params: Mapping[str, Any] | None = None,
         body: Any = None,
     ) -> Any:
+        return (await self.call_with_status(method, path, params=params, body=body))[1]
+
+    async def call_with_status(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> tuple[int, Any]:
         query = {k: str(v).lower() if isinstance(v, bool) else str(v)
                  for k, v in (params or {}).items() if v is not None}  # fmt: skip
         try:
@@ -150,7 +160,7 @@ class RemoteBackend:
                 data = _json(text) if response.content_type == "application/json" else None
                 if response.status >= 400:
                     raise ApiProblem(response.status, data)
-                return data
+                return response.status, data
         except aiohttp.ClientError as exc:
             raise CliError(f"cannot reach {self.where.url}: {exc}", EXIT_OTHER) from None
         except TimeoutError:
@@ -285,6 +295,29 @@ class RemoteBackend:
     async def preview(self, query: dict[str, Any]) -> dict[str, Any]:
         data: dict[str, Any] = await self.call("GET", "/v1/preview", params=query)
         return data
+
+    # Follow-ups: always the token's owner's.
+    async def create_followup(
+        self, body: dict[str, Any], owner: str | None
+    ) -> tuple[bool, dict[str, Any]]:
+        del owner
+        status, data = await self.call_with_status("POST", "/v1/followups", body=body)
+        return status == 201, data
+
+    async def get_followup(self, key: str, owner: str | None) -> dict[str, Any]:
+        del owner
+        data: dict[str, Any] = await self.call("GET", f"/v1/followups/{quote(key, safe='')}")
+        return data
+
+    async def cancel_followup(self, key: str, owner: str | None) -> None:
+        del owner
+        await self.call("DELETE", f"/v1/followups/{quote(key, safe='')}")
+
+    async def list_followups(
+        self, state: str | None, limit: int, owner: str | None
+    ) -> list[dict[str, Any]]:
+        del owner
+        return await self._pages("/v1/followups", {"state": state}, limit)
 
     async def get_budget(self, owner: str | None) -> dict[str, Any]:
         query = {"owner": owner} if owner else None

@@ -1,0 +1,187 @@
+"""``promptsched followups ...``: place a keyed follow-up (idempotent by key), show one with
+its checks, list them, cancel one by key (docs/followups.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from promptsched import config as configuration
+from promptsched.cli import backend
+from promptsched.cli.backend import Backend
+from promptsched.cli.common import table
+from promptsched.errors import ValidationError
+from promptsched.ops import followups as followup_ops
+
+_COLUMNS = (
+    ("KEY", "key", 32),
+    ("STATE", "state", 10),
+    ("CHECKS", "checks", 7),
+    ("FIRST CHECK", "due_at", 26),
+    ("ENDED", "ended_reason", 0),
+)
+_CHECK_COLUMNS = (
+    ("#", "number", 3),
+    ("RUN", "run_id", 8),
+    ("STATUS", "status", 10),
+    ("OUTCOME", "outcome", 11),
+    ("DECISION", "decision_text", 0),
+)
+
+
+def _vars(pairs: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValidationError("--var", f"expected NAME=VALUE, got {pair!r}")
+        found[name] = value
+    return found
+
+
+def body_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The API's create body from the flags (absent flags are absent, so the same command run
+    again sends the same body: idempotent by key)."""
+    body: dict[str, Any] = {"key": args.key, "prompt": args.prompt}
+    for flag, field in (("in_", "in"), ("at", "at"), ("provider", "provider"),
+                        ("model", "model"), ("max_checks", "max_checks"),
+                        ("horizon", "horizon"), ("resolution", "resolution"),
+                        ("name", "name"), ("timeout", "timeout")):  # fmt: skip
+        value = getattr(args, flag)
+        if value is not None:
+            body[field] = value
+    if args.var:
+        body["vars"] = _vars(args.var)
+    if args.email:
+        body["notify"] = {"email": list(args.email)}
+    if args.escalate_email:
+        if args.escalate_after is None:
+            raise ValidationError("--escalate-after", "give it with --escalate-email")
+        body["escalate"] = [
+            {"after_checks": args.escalate_after, "notify": {"email": list(args.escalate_email)}}
+        ]
+    elif args.escalate_after is not None:
+        raise ValidationError("--escalate-email", "give it with --escalate-after")
+    return body
+
+
+def _decision_text(check: dict[str, Any]) -> str:
+    decision = check.get("decision") or {}
+    if "recheck_in" in decision:
+        return f"check again in {decision['recheck_in']:g} s"
+    if "recheck_at" in decision:
+        return f"check again at {decision['recheck_at']}"
+    if "error" in decision:
+        return f"unreadable: {decision['error']}"
+    return "no decision (done)"
+
+
+def _print(data: dict[str, Any]) -> None:
+    state = data["state"] + (f" ({data['ended_reason']})" if data.get("ended_reason") else "")
+    print(f"key:          {data['key']}")
+    print(f"state:        {state}")
+    print(f"first check:  {data['due_at']}")
+    print(f"checks:       {data['checks_done']} of at most {data['max_checks']}, "
+          f"none after {data['horizon']}")  # fmt: skip
+    if data.get("vars"):
+        print(f"vars:         {json.dumps(data['vars'], ensure_ascii=False)}")
+    if data.get("cancelled_at"):
+        print(f"cancelled:    by {data['cancelled_by']} at {data['cancelled_at']}")
+    checks = [{**c, "decision_text": _decision_text(c)} for c in data.get("checks") or []]
+    if checks:
+        print()
+        table(checks, _CHECK_COLUMNS)
+
+
+def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
+    body = body_of(args)
+
+    async def action(api: Backend) -> int:
+        created, data = await api.create_followup(body, args.owner)
+        if args.json:
+            print(json.dumps(data))
+        else:
+            verb = "created" if created else "exists (same body: nothing changed)"
+            print(f"follow-up {data['key']} {verb}: first check at {data['due_at']}")
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def action(api: Backend) -> int:
+        data = await api.get_followup(followup_ops.check_key(args.key), args.owner)
+        if args.json:
+            print(json.dumps(data))
+        else:
+            _print(data)
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
+    if not 1 <= args.limit <= 10_000:
+        raise ValidationError("--limit", "must be between 1 and 10000")
+
+    async def action(api: Backend) -> int:
+        items = await api.list_followups(args.state, args.limit, args.owner)
+        if args.json:
+            print(json.dumps(items))
+        else:
+            rows = [{**i, "checks": f"{i['checks_done']}/{i['max_checks']}"} for i in items]
+            table(rows, _COLUMNS)
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def cmd_cancel(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def action(api: Backend) -> int:
+        await api.cancel_followup(followup_ops.check_key(args.key), args.owner)
+        print(json.dumps({"cancelled": args.key}) if args.json else
+              f"follow-up {args.key} cancelled: no further check starts")  # fmt: skip
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("followups", help="keyed follow-ups: add, show, list, cancel")
+    commands = parser.add_subparsers(dest="followups_command", required=True)
+    add = commands.add_parser("add", help="place a follow-up (the same key again: no change)")
+    add.add_argument("--key", required=True, help="unique per owner, e.g. order-4711-unshipped")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="in_", metavar="DUR", help="first check after this delay")
+    when.add_argument("--at", metavar="ISO", help="first check at this instant (with offset)")
+    add.add_argument("--prompt", required=True, help="{{ NAME }} tags take --var values")
+    add.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                     help="a template variable (repeatable)")  # fmt: skip
+    add.add_argument("--provider")
+    add.add_argument("--model")
+    add.add_argument("--name")
+    add.add_argument("--timeout", metavar="DUR")
+    add.add_argument("--max-checks", type=int, metavar="N")
+    add.add_argument("--horizon", help="no check after this: a duration after the first, or ISO")
+    add.add_argument("--resolution", metavar="DUR", help="round the first check up (15m)")
+    add.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
+    add.add_argument(
+        "--escalate-email", action="append", metavar="ADDR",
+        help="after --escalate-after unresolved checks, notify this address",
+    )  # fmt: skip
+    add.add_argument("--escalate-after", type=int, metavar="N")
+    add.set_defaults(func=cmd_add)
+    show = commands.add_parser("show", help="a follow-up with every check and decision")
+    show.add_argument("key")
+    show.set_defaults(func=cmd_show)
+    listing = commands.add_parser("list", help="your follow-ups, newest first")
+    listing.add_argument("--state", choices=followup_ops.STATES)
+    listing.add_argument("--limit", type=int, default=100)
+    listing.set_defaults(func=cmd_list)
+    cancel = commands.add_parser("cancel", help="cancel by key (again: nothing changes)")
+    cancel.add_argument("key")
+    cancel.set_defaults(func=cmd_cancel)
+    for command in (add, show, listing, cancel):
+        command.add_argument("--owner", help="whose (direct mode only; default `default`)")
+        command.add_argument("--json", action="store_true")
