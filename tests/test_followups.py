@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from promptsched.clock import FrozenClock
+from promptsched.metrics import Metrics
+from promptsched.roles.retention import Retention
 from promptsched.web import auth
 from tests import api_support
 from tests.api_support import Api
@@ -203,3 +207,26 @@ async def test_vars_are_checked_and_a_bad_request_stores_nothing(
     listed = await api.get("/v1/followups?state=cancelled", who)
     assert [f["key"] for f in listed.body["items"]] == ["k-1"]
     json.dumps(listed.body)
+
+
+async def test_an_ended_followup_keeps_its_ledger_for_the_retention(
+    pool: asyncpg.Pool[Any], api: Api
+) -> None:
+    who = await api.token("shop")
+    for key in ("kept", "old"):
+        reply = await api.post("/v1/followups", who, json={"key": key, "in": "1h", "prompt": "p"})
+        assert reply.status == 201, reply.body
+    assert (await api.delete("/v1/followups/old", who)).status == 204
+    retention = timedelta(days=30)
+    now = await pool.fetchval("SELECT now()")
+    # Within the retention the cancelled one stays, with who cancelled it.
+    early = Retention(pool, FrozenClock(now + retention - timedelta(hours=1)), Metrics(),
+                      retention=retention)  # fmt: skip
+    assert await early.run_once() == 0
+    assert (await api.get("/v1/followups/old", who)).body["cancelled_by"] == "shop"
+    late = Retention(pool, FrozenClock(now + retention + timedelta(hours=1)), Metrics(),
+                     retention=retention)  # fmt: skip
+    assert await late.run_once() == 1
+    assert (await api.get("/v1/followups/old", who)).status == 404
+    # An active one is never purged, however old.
+    assert (await api.get("/v1/followups/kept", who)).body["state"] == "active"

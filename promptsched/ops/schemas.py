@@ -404,6 +404,16 @@ COMPONENTS: dict[str, Schema] = {
     "FollowupPage": _page("FollowupSummary"),
     "FollowupSummary": {"type": "object", "required": ["key", "state", "schedule_id"]},
     "Text": {"type": "string"},
+    "ServerSentEvent": {
+        "type": "object",
+        "description": "one event of a text/event-stream: its name and its data (JSON text)",
+        "properties": {
+            "event": {"type": "string"},
+            "data": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    },
     "Document": {"type": "object"},
     "Status": {
         "type": "object",

@@ -835,7 +835,13 @@ async def followup_get(db: DB, owner: str, key: str) -> Record | None:
     return await db.fetchrow(_Q["followup_get"], owner, key)
 
 
+async def followup_lock_runs(db: DB, owner: str, key: str) -> None:
+    await db.fetch(_Q["followup_lock_runs"], owner, key)
+
+
 async def followup_lock(db: DB, owner: str, key: str) -> Record | None:
+    """Locks the follow-up's unfinished runs, then its row (the finish's order)."""
+    await followup_lock_runs(db, owner, key)
     return await db.fetchrow(_Q["followup_lock"], owner, key)
 
 

@@ -25,7 +25,7 @@ OPERATIONS = (
             "text/event-stream: `event: progress` per agent step ({run_id, attempt, step, "
             "max_steps, kind, text, tokens}), `: keep-alive` comments, `event: gap` when "
             "events may have been lost, and `event: done` ({run_id, status}) once the run is "
-            "final", "Text", media="text/event-stream"),
+            "final", "ServerSentEvent", media="text/event-stream"),
          "404": Reply("no such run (or not yours)", "Error")},
         params=(ID_PARAM,),
         description="Progress is ephemeral: events sent while no client listens are not "

@@ -561,6 +561,7 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
 CREATE INDEX api_tokens_owner_idx ON public.api_tokens USING btree (owner, id);
 CREATE INDEX followup_checks_schedule_idx ON public.followup_checks USING btree (schedule_id, id);
+CREATE INDEX followups_ended_idx ON public.followups USING btree (updated_at) WHERE (state <> 'active'::text);
 CREATE UNIQUE INDEX followups_owner_key ON public.followups USING btree (owner, key);
 CREATE INDEX outbox_claim_idx ON public.outbox USING btree (available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX outbox_dead_idx ON public.outbox USING btree (id) WHERE (status = 'dead'::text);

@@ -44,6 +44,8 @@ CREATE TABLE followups (
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
 CREATE UNIQUE INDEX followups_owner_key ON followups (owner, key);
+-- Retention walks the follow-ups that ended, oldest first.
+CREATE INDEX followups_ended_idx ON followups (updated_at) WHERE state <> 'active';
 
 -- One row per finished check: its run, its number, what it decided and what came of it.
 CREATE TABLE followup_checks (

@@ -56,3 +56,13 @@ WITH marked AS (
     FROM schedules WHERE id = $1
 )
 SELECT count(*)::int AS stopped FROM stopped;
+
+-- name: followup_lock_runs
+-- The follow-up's unfinished runs, locked before its followups row: the order in which the
+-- finish of a check takes them (runs, then followup_record), so a cancel and a finish never
+-- wait on each other in a circle.
+SELECT r.id FROM runs r
+JOIN followups f ON f.schedule_id = r.schedule_id
+WHERE f.owner = $1 AND f.key = $2 AND r.status IN ('pending', 'running')
+ORDER BY r.id
+FOR UPDATE OF r;

@@ -303,8 +303,18 @@ WITH expired AS (
     SELECT outbox_owe(array_agg(r.id), array_agg(r.schedule_id), array_agg(r.status),
                       coalesce($1::timestamptz, now())) AS written
     FROM reaped r
+), checked AS (
+    -- A follow-up's check that the reap made final (dead, or cancelled) ends the follow-up
+    -- with that reason, as the finish would have (followup_record, 0012_followups.sql).
+    SELECT followup_record(array_agg(r.id), array_agg(r.schedule_id), array_agg(r.status),
+                           array_agg(NULL::jsonb), coalesce($1::timestamptz, now())) AS written
+    FROM reaped r
+    WHERE r.status IN ('dead', 'cancelled')
 ), woke AS (
-    SELECT pg_notify('promptsched_outbox', 'reap') FROM owed WHERE owed.written > 0
+    -- (A join: both functions run whatever the first wrote.)
+    SELECT pg_notify('promptsched_outbox', 'reap')
+    FROM owed CROSS JOIN checked
+    WHERE owed.written > 0 OR checked.written > 0
 )
 SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
        (SELECT count(*) FROM woke)::int AS woken
@@ -384,8 +394,18 @@ WITH old AS (
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM runs r USING old WHERE r.id = old.id RETURNING r.id
+), ended AS (
+    -- A follow-up that ended longer ago than the retention goes with its schedule, its
+    -- ledger of checks and what runs are left (followups_ended_idx).
+    SELECT schedule_id FROM followups
+    WHERE state <> 'active' AND updated_at < coalesce($1::timestamptz, now()) - $2::interval
+    ORDER BY updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), dropped AS (
+    DELETE FROM schedules s USING ended e WHERE s.id = e.schedule_id RETURNING s.id
 )
-SELECT count(*)::int FROM gone;
+SELECT (SELECT count(*) FROM gone)::int + (SELECT count(*) FROM dropped)::int;
 
 -- name: provider_trip
 -- A retryable failure of one of the provider's attempts, seen by any replica. With $3 (the
