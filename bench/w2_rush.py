@@ -1,5 +1,6 @@
 """W2 the rush: S schedules due in the same second; fan-out to run rows, first start, all done,
-against a bare ``INSERT ... SELECT generate_series`` of S rows into the same table."""
+against a bare ``INSERT ... SELECT generate_series`` of S rows into the same table; then the
+same rush of S keyed follow-ups due in one slot, and its ratios to the plain one."""
 
 from __future__ import annotations
 
@@ -36,27 +37,54 @@ async def _baseline(conn: asyncpg.Connection[Any], size: int) -> float:
     return elapsed
 
 
+async def _followups(conn: asyncpg.Connection[Any], size: int, slot: Any) -> None:
+    """``size`` keyed follow-ups due at ``slot``, as POST /v1/followups stores them (a
+    schedule of kind ``at`` with its key and vars, and its followups row)."""
+    await conn.execute(
+        "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at, followup_key, "
+        "vars, misfire_grace) "
+        "SELECT 'order-' || g, 'at', $2, 'Has order {{ order }} shipped?', $3::timestamptz, "
+        "'order-' || g, jsonb_build_object('order', g), interval '366 days' "
+        "FROM generate_series(1, $1) g",
+        size, slot.isoformat(), slot,
+    )  # fmt: skip
+    await conn.execute(
+        "INSERT INTO followups (schedule_id, owner, key, request, due_at, max_checks, horizon) "
+        "SELECT id, owner, followup_key, jsonb_build_object('key', followup_key), $1, 10, "
+        "$1::timestamptz + interval '30 days' FROM schedules",
+        slot,
+    )
+
+
 async def _rush(
-    embedded: EmbeddedPostgres, workdir: Path, size: int, analyze: bool
+    embedded: EmbeddedPostgres, workdir: Path, size: int, analyze: bool, *, keyed: bool = False
 ) -> dict[str, Any]:
     dsn = await fresh_database(embedded)
     conn = await asyncpg.connect(dsn)
-    await conn.execute(
-        "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
-        "SELECT 'w2-' || g, 'cron', '0 9 * * 1', 'p', '2020-01-06 09:00+00' "
-        "FROM generate_series(1, $1) g",
-        size,
-    )
+    if keyed:
+        await _followups(conn, size, await conn.fetchval("SELECT now() + interval '1 hour'"))
+    else:
+        await conn.execute(
+            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
+            "SELECT 'w2-' || g, 'cron', '0 9 * * 1', 'p', '2020-01-06 09:00+00' "
+            "FROM generate_series(1, $1) g",
+            size,
+        )
     if analyze:
         await conn.execute("ANALYZE")
     baseline = min([await _baseline(conn, size) for _ in range(3)])
     # Every schedule is due at T, a few seconds ahead; the service is idle until then.
     slot = await conn.fetchval("SELECT date_trunc('second', now()) + interval '5 seconds'")
-    # A cron (seconds first) that fires at exactly that second, once a year: the cursor must
-    # be one of the expression's fire times.
-    expression = f"{slot.second} {slot.minute} {slot.hour} {slot.day} {slot.month} *"
+    # A cron (seconds first) that fires at exactly that second, once a year (the cursor must
+    # be one of the expression's fire times); a follow-up's one instant.
+    expression = (
+        slot.isoformat()
+        if keyed
+        else f"{slot.second} {slot.minute} {slot.hour} {slot.day} {slot.month} *"
+    )
     await conn.execute("UPDATE schedules SET next_fire_at = $1, expression = $2", slot, expression)
-    label = "analyzed" if analyze else "stale"
+    await conn.execute("UPDATE followups SET due_at = $1", slot)
+    label = ("keyed_" if keyed else "") + ("analyzed" if analyze else "stale")
     process = Process(
         dsn,
         workdir / f"w2-{label}.log",
@@ -101,4 +129,13 @@ async def run(embedded: EmbeddedPostgres, workdir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"schedules": size}
     for analyze in (True, False):
         results.update(await _rush(embedded, workdir, size, analyze))
+    # The same rush of keyed follow-ups (docs/followups.md): the scheduler's path, and each
+    # finish recording its check.
+    results.update(await _rush(embedded, workdir, size, True, keyed=True))
+    results["keyed_fanout_vs_plain"] = (
+        results["fanout_s_keyed_analyzed"] / results["fanout_s_analyzed"]
+    )
+    results["keyed_all_finished_vs_plain"] = (
+        results["all_finished_s_keyed_analyzed"] / results["all_finished_s_analyzed"]
+    )
     return results

@@ -133,6 +133,7 @@ async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
         service.stop()
     # Three checks: recheck, recheck, done; each a run of its own, the rechecks of origin check.
     assert shown["state"] == "done" and shown["checks_done"] == 3
+    assert shown["explanation"].startswith("Done: check 3 answered without asking")
     assert [c["outcome"] for c in shown["checks"]] == ["recheck", "recheck", "done"]
     assert [c["decision"] for c in shown["checks"]] == [
         {"recheck_in": 2.0},
@@ -159,6 +160,11 @@ async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
     assert (cap["state"], cap["ended_reason"]) == ("ended", "max_checks")
     assert cap["checks"] == 2 and len(fake.prompts["cap"]) == 2
     assert (far["state"], far["ended_reason"]) == ("ended", "horizon")
+    async with api_support.client(pool) as api:
+        explained = (await api.get("/v1/followups/cap-chain", who)).body["explanation"]
+    assert explained == (
+        "Ended after check 2: it reached its max_checks (2) still asking to be checked again."
+    )
     assert far["checks"] == 1 and len(fake.prompts["far"]) == 1
     pending = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'pending'")
     assert pending == 0  # no chain left a check behind
@@ -204,6 +210,7 @@ async def test_vars_are_checked_and_a_bad_request_stores_nothing(
     assert (await api.get("/v1/followups/k-1", await api.token("other"))).status == 404
     shown = await api.get("/v1/followups/k-1", who)
     assert shown.body["state"] == "cancelled" and shown.body["cancelled_by"] == "shop"
+    assert shown.body["explanation"].startswith("Cancelled by shop at ")
     listed = await api.get("/v1/followups?state=cancelled", who)
     assert [f["key"] for f in listed.body["items"]] == ["k-1"]
     json.dumps(listed.body)

@@ -88,6 +88,7 @@ def _print(data: dict[str, Any]) -> None:
         print(f"vars:         {json.dumps(data['vars'], ensure_ascii=False)}")
     if data.get("cancelled_at"):
         print(f"cancelled:    by {data['cancelled_by']} at {data['cancelled_at']}")
+    print(f"why:          {data['explanation']}")
     checks = [{**c, "decision_text": _decision_text(c)} for c in data.get("checks") or []]
     if checks:
         print()

@@ -289,11 +289,50 @@ async def show(db: queries.DB, owner: str, key: str) -> dict[str, Any]:
     return await show_record(db, found)
 
 
+REASONS = {
+    "max_checks": "it reached its max_checks ({max_checks}) still asking to be checked again",
+    "horizon": "its next check ({next_at}) was beyond the horizon ({horizon})",
+    "past": "its next check ({next_at}) was in the past",
+    "invalid": "its answer asked for a recheck that could not be read",
+    "failed": "the check's run died after its attempts",
+    "cancelled": "the check's run was cancelled",
+    "skipped": "the check's run was skipped",
+}
+
+
+def explain(found: Mapping[str, Any], checks: list[Mapping[str, Any]], runs: list[Any]) -> str:
+    """Why the follow-up is where it is, in one sentence."""
+    last = checks[-1] if checks else None
+    state = found["state"]
+    if state == "cancelled":
+        return (f"Cancelled by {found['cancelled_by']} at {found['cancelled_at'].isoformat()}, "
+                f"after {found['checks']} check(s); no further check starts.")  # fmt: skip
+    if state == "done" and last is not None:
+        return (f"Done: check {last['number']} answered without asking to be checked again "
+                f"(run #{last['run_id']}).")  # fmt: skip
+    if state == "ended" and last is not None:
+        reason = REASONS.get(found["ended_reason"] or "", str(found["ended_reason"])).format(
+            max_checks=found["max_checks"], horizon=found["horizon"].isoformat(),
+            next_at=last["next_at"].isoformat() if last["next_at"] else "-",
+        )  # fmt: skip
+        return f"Ended after check {last['number']}: {reason}."
+    unfinished = [r for r in runs if r["status"] in ("pending", "running")]
+    if unfinished:
+        run = unfinished[-1]
+        when = max(run["available_at"], run["slot"]).isoformat()
+        what = "running" if run["status"] == "running" else f"due at {when}"
+        return (f"Active: check {found['checks'] + 1} of at most {found['max_checks']} is "
+                f"{what} (run #{run['id']}).")  # fmt: skip
+    return (f"Active: the first check is due at {found['due_at'].isoformat()}; no check has "
+            "run yet.")  # fmt: skip
+
+
 async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
     """A follow-up as the API shows it: its settings, state, checks and runs."""
     checks = await queries.followup_checks(db, found["schedule_id"])
     runs = await queries.run_list(db, schedule_id=found["schedule_id"], status=None,
                                   owner=None, before_id=None, limit=200)  # fmt: skip
+    runs = list(reversed(runs))
     request = found["request"]
     return {
         "key": found["key"],
@@ -323,7 +362,8 @@ async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
             }
             for c in checks
         ],  # fmt: skip
-        "runs": [views.run_json(r) for r in reversed(runs)],
+        "runs": [views.run_json(r) for r in runs],
+        "explanation": explain(dict(found), [dict(c) for c in checks], runs),
         "request": {k: v for k, v in request.items() if k not in ("notify", "escalate")},
     }
 
