@@ -83,7 +83,8 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         f"# promptsched benchmark results ({meta['date']})",
         "",
-        f"Machine: {meta['machine']}, {meta['cpus']} CPUs. Absolute figures drift on a shared "
+        f"Machine: {meta['machine']}, {meta['cpus']} CPUs; fsync and synchronous_commit "
+        f"{meta.get('fsync', 'off')}. Absolute figures drift on a shared "
         "machine; compare the ratios to the bare-SQL baselines measured in the same run. "
         "Figures of repeated workloads are medians.",
         "",
@@ -104,15 +105,18 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
+        "fsync": "on" if common.fsync_on() else "off",
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
+    # The headline is fsync on (results.*); BENCH_FSYNC=off writes results-fsync-off.*.
+    stem = "results" if common.fsync_on() else "results-fsync-off"
     # A partial run (BENCH_ONLY) updates its workloads and keeps the others' last figures.
-    previous = RESULTS / "results.json"
+    previous = RESULTS / f"{stem}.json"
     if previous.exists() and os.environ.get("BENCH_ONLY"):
         results = {**json.loads(previous.read_text()).get("results", {}), **results}
     results = dict(sorted(results.items()))
-    (RESULTS / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    (RESULTS / "results.md").write_text(_markdown(results, meta))
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    (RESULTS / f"{stem}.md").write_text(_markdown(results, meta))
     print(_markdown(results, meta))
 
 

@@ -24,12 +24,20 @@ from promptsched.store import pool as pools
 from promptsched.store.embedded import EmbeddedPostgres
 
 
+def fsync_on() -> bool:
+    value = os.environ.get("BENCH_FSYNC", "on").lower()
+    if value not in ("on", "off"):
+        raise SystemExit(f"BENCH_FSYNC must be on or off, got {value!r}")
+    return value == "on"
+
+
 @contextmanager
 def server() -> Iterator[EmbeddedPostgres]:
     data_dir = Path(tempfile.mkdtemp(prefix="psb-", dir="/tmp"))
-    # fsync off for both promptsched and the bare-SQL baselines: ratios stay fair, and the
-    # shared machine's disk does not dominate.
-    embedded = EmbeddedPostgres(data_dir, fast_unsafe=True)
+    # fsync and synchronous_commit on, as deployments run (BENCH_FSYNC=off for the second
+    # column: the same figures without the commit's flush, for both promptsched and the
+    # bare-SQL baselines, so ratios stay fair either way).
+    embedded = EmbeddedPostgres(data_dir, fast_unsafe=not fsync_on())
     embedded.ensure_running()
     try:
         yield embedded
