@@ -48,7 +48,25 @@ def check_response(method: str, path: str, status: int, content_type: str, body:
     media, spec = next(iter(content.items()))
     assert content_type == media, f"{method} {template} {status}: {content_type} != {media}"
     schema = {**spec["schema"], "components": DOCUMENT["components"]}
+    if media == "text/event-stream":  # each event of the stream matches the schema
+        for event in _events(body):
+            jsonschema.validate(event, schema, cls=jsonschema.Draft202012Validator)
+        return
     jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)
+
+
+def _events(stream: str) -> list[dict[str, Any]]:
+    """The events of a text/event-stream body (comment lines and the retry field skipped)."""
+    events = []
+    for block in stream.split("\n\n"):
+        fields = {}
+        for line in block.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name in ("event", "data", "id"):
+                fields[name] = value.removeprefix(" ")
+        if fields:
+            events.append(fields)
+    return events
 
 
 @dataclass

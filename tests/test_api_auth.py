@@ -42,7 +42,8 @@ async def test_every_protected_route_needs_a_valid_token(
     await api.token("alice")
     before = await api_support.snapshot(pool)
     for method, path in _protected():
-        reply = await api.request(method, path.replace("{id}", "1"), header, data=b"{nonsense")
+        concrete = path.replace("{id}", "1").replace("{key}", "k1")
+        reply = await api.request(method, concrete, header, data=b"{nonsense")
         assert reply.status == 401, (method, path, reply.body)
         assert reply.headers["WWW-Authenticate"].startswith("Bearer")
         assert reply.body["error"]["code"] == "unauthorized"

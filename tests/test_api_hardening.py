@@ -212,6 +212,7 @@ async def test_every_changing_operation_refuses_a_field_it_does_not_know(
     sid = (await api.post("/v1/schedules", alice, json=SCHEDULE)).body["id"]
     before = await api_support.snapshot(pool)
     path = op.path.replace("{id}", str(sid) if "schedules" in op.path else "999999")
+    path = path.replace("{key}", "no-such-key")
     reply = await api.request(op.method, path, alice, json={"no_such_field": True})
     assert reply.status == 422, (op.path, reply.body)
     assert reply.body["error"]["field"] == "no_such_field"

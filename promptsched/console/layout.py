@@ -36,7 +36,7 @@ $body
 """)
 _NAV = Template("""<nav>
 <a href="/">Schedules</a><a href="/schedules/new">New schedule</a><a href="/dead">Dead letters</a>\
-<a href="/budget">Budget</a>
+<a href="/followups">Follow-ups</a><a href="/budget">Budget</a>
 </nav>
 <div class="who"><span title="the owner this token acts for">$owner</span>
 <form method="post" action="/logout" class="inline">
@@ -67,6 +67,9 @@ DONE = {
     "replayed": "Replay created.",
     "notification_replayed": "Notification owed again.",
     "budget_saved": "Budget saved.",
+    "followup_created": "Follow-up created.",
+    "followup_exists": "A follow-up with this key and body exists already: nothing changed.",
+    "followup_cancelled": "Follow-up cancelled: no further check starts.",
 }
 
 

@@ -12,7 +12,16 @@ import structlog
 from aiohttp import web
 
 from promptsched import errors
-from promptsched.console import actions, budget_page, forms, layout, runs, schedules, session
+from promptsched.console import (
+    actions,
+    budget_page,
+    followups_view,
+    forms,
+    layout,
+    runs,
+    schedules,
+    session,
+)
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
 from promptsched.ops import schedules as schedule_ops
@@ -149,6 +158,14 @@ ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
     ("GET", "/dead", _page(runs.dead_page), "console.dead"),
     ("GET", "/budget", _page(budget_page.show), "console.budget"),
     ("POST", "/budget", _page(budget_page.save, post=True), "console.budget"),
+    ("GET", "/followups", _page(followups_view.list_page), "console.followups"),
+    ("GET", "/followups/new", _page(followups_view.new_form), "console.followup_new"),
+    ("POST", "/followups/new", _page(followups_view.create, post=True), "console.followup_new"),
+    ("GET", "/followups/{key}", _page(followups_view.detail_page), "console.followup"),
+    (
+        "POST", "/followups/{key}/cancel", _page(followups_view.cancel, post=True),
+        "console.followup_cancel",
+    ),
     (
         "POST", "/notifications/{id}/replay", _page(actions.replay_notification, post=True),
         "console.replay_notification",

@@ -15,7 +15,7 @@ import asyncpg
 
 from promptsched import netguard
 from promptsched.clock import Clock
-from promptsched.domain import ScheduleInput
+from promptsched.domain import RunStatus, ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import NotFound, StateConflict, ValidationError
 from promptsched.executors import template
@@ -316,11 +316,11 @@ def explain(found: Mapping[str, Any], checks: list[Mapping[str, Any]], runs: lis
             next_at=last["next_at"].isoformat() if last["next_at"] else "-",
         )  # fmt: skip
         return f"Ended after check {last['number']}: {reason}."
-    unfinished = [r for r in runs if r["status"] in ("pending", "running")]
+    unfinished = [r for r in runs if r["status"] in (RunStatus.PENDING, RunStatus.RUNNING)]
     if unfinished:
         run = unfinished[-1]
         when = max(run["available_at"], run["slot"]).isoformat()
-        what = "running" if run["status"] == "running" else f"due at {when}"
+        what = "running" if run["status"] == RunStatus.RUNNING else f"due at {when}"
         return (f"Active: check {found['checks'] + 1} of at most {found['max_checks']} is "
                 f"{what} (run #{run['id']}).")  # fmt: skip
     return (f"Active: the first check is due at {found['due_at'].isoformat()}; no check has "
