@@ -21,6 +21,7 @@ from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
+from promptsched.roles.loop import Rush
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import Notifier, build_senders
 from promptsched.roles.reaper import Reaper
@@ -120,8 +121,11 @@ class Supervisor:
         config, roles = self.config, set(self.config.roles)
         handlers: dict[str, Callable[[str | None], None]] = {}
         await tg.start(LoopProbe(self.metrics).run)  # every process, whatever its roles
+        # The scheduler and the workers of one process share its cores: while the scheduler
+        # writes a rush, the workers hold back to a quarter of their slots (loop.Rush).
+        rush = Rush()
         if "scheduler" in roles:
-            scheduler = Scheduler(pool, self.clock, self.metrics, config.scheduler)
+            scheduler = Scheduler(pool, self.clock, self.metrics, config.scheduler, rush=rush)
             handlers[listen.CHANNEL_SCHEDULES] = scheduler.notify
         if "worker" in roles and config.workers > 0:
             heartbeat = Heartbeat(
@@ -139,7 +143,9 @@ class Supervisor:
                     worker_id=self.worker_id,
                     prices=config.prices.with_default_models(self.default_models),
                 ),
+                rush=rush,
             )
+            rush.on_end(self.worker.wakeup.set)  # the rush is written: claim with every slot
             handlers[listen.CHANNEL_RUNS] = self.worker.notify
         notifier = self._notifier(pool) if "notifier" in roles else None
         if notifier is not None:

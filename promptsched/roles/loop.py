@@ -17,6 +17,38 @@ from promptsched.metrics import Metrics
 _TRANSIENT = (OSError, anyio.BrokenResourceError, TimeoutError)
 
 
+class Rush:
+    """Whether this process's scheduler is writing a rush: a batch of due schedules came back
+    full, so more are due now. Its worker pool then claims with a quarter of its slots until
+    the rush is written, so on cores the two share, the rush's rows go first and the drain
+    follows (docs/performance.md). Other replicas' pools are not held back."""
+
+    SHARE = 4  # a pool uses 1/SHARE of its slots during a rush (at least one)
+
+    def __init__(self) -> None:
+        self.active = False
+        self.rushes = 0  # rushes begun, for tests and the log
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_end(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def begin(self) -> None:
+        if not self.active:
+            self.active = True
+            self.rushes += 1
+
+    def end(self) -> None:
+        if self.active:
+            self.active = False
+            for listener in self._listeners:
+                listener()
+
+    def slots(self, slots: int) -> int:
+        """The slots a pool of ``slots`` may fill now."""
+        return max(1, slots // self.SHARE) if self.active else slots
+
+
 class Wakeup:
     """A level-triggered wake-up flag: ``set`` from anywhere, ``wait`` with a timeout."""
 

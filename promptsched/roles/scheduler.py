@@ -30,7 +30,7 @@ from promptsched.config import SchedulerSettings
 from promptsched.domain import DueGroup, RunStatus
 from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
-from promptsched.roles.loop import Wakeup, run_forever
+from promptsched.roles.loop import Rush, Wakeup, run_forever
 from promptsched.schedule import jitter, overlap, policies
 from promptsched.schedule.spec import Spec
 from promptsched.store import queries
@@ -172,8 +172,11 @@ class Scheduler:
         clock: Clock,
         metrics: Metrics,
         settings: SchedulerSettings = _DEFAULTS,
+        *,
+        rush: Rush | None = None,
     ) -> None:
         self.pool = pool
+        self.rush = rush if rush is not None else Rush()
         self.clock = clock
         self.metrics = metrics
         self.batch = settings.batch
@@ -217,6 +220,8 @@ class Scheduler:
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
+        finally:
+            self.rush.end()  # written (or failed): the workers use every slot again
         return total
 
     async def _tick_batch(self, more: Callable[[], object]) -> TickCounts:
@@ -236,6 +241,7 @@ class Scheduler:
                     except ValidationError as exc:  # one unreadable schedule must not stop
                         await self._pause_unplannable(conn, group.ids, exc)  # the rest
                 if taken >= self.batch:
+                    self.rush.begin()  # more is due now: this process's workers hold back
                     more()
                 if not batch.schedules:
                     return TickCounts()

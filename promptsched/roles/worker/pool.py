@@ -35,7 +35,7 @@ from promptsched.executors.base import ExecutionRequest, ExecutionResult, Regist
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Metrics
 from promptsched.roles import autopause
-from promptsched.roles.loop import Wakeup, run_forever
+from promptsched.roles.loop import Rush, Wakeup, run_forever
 from promptsched.roles.worker.attempt import settle, skip_disabled, skip_over_budget
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
@@ -99,10 +99,13 @@ class WorkerPool:
         limiters: Mapping[str, Limiter],
         heartbeat: Heartbeat,
         settings: WorkerSettings,
+        *,
+        rush: Rush | None = None,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
+        self.rush = rush if rush is not None else Rush()
         self.registry = registry
         self.limiters = dict(limiters)
         self.heartbeat = heartbeat
@@ -145,8 +148,10 @@ class WorkerPool:
 
     def _free_slots(self) -> int:
         # Queued final writes are bounded too: a database that stops answering must not let
-        # a process claim without end.
-        return min(self.slots - self._executing, 2 * self.slots - len(self.inflight))
+        # a process claim without end. While this process's scheduler writes a rush, a
+        # quarter of the slots (loop.Rush).
+        slots = self.rush.slots(self.slots)
+        return min(slots - self._executing, 2 * slots - len(self.inflight))
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once per process."""
