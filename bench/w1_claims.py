@@ -24,7 +24,7 @@ RETURNING id"""
 
 
 async def _fill(conn: asyncpg.Connection[Any], size: int, analyze: bool) -> None:
-    await conn.execute("TRUNCATE runs, run_attempts CASCADE")
+    await conn.execute("TRUNCATE runs CASCADE")
     await conn.execute(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
         "SELECT (SELECT min(id) FROM schedules), now() - g * interval '1 millisecond', "

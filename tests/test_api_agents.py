@@ -78,12 +78,24 @@ async def test_a_run_shows_each_attempts_transcript(pool: asyncpg.Pool[Any]) -> 
         {"kind": "start", "step": 0, "tokens": 0, "text": "starting", "at": "2026-03-02T09:00Z"},
         {"kind": "model", "step": 1, "tokens": 10, "text": "step 1/8: the model calls http_get"},
     ]
-    await pool.execute(
-        "INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, status, transcript) "
-        "VALUES (gen_random_uuid(), $1, 1, 'w', 'lost', $2::jsonb), "
-        "(gen_random_uuid(), $1, 2, 'w', 'running', '[]'::jsonb)",
+    # A first attempt lost with its steps, and a second one running with none yet.
+    lost_attempt = await pool.fetchval(
+        "INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at) "
+        "VALUES (gen_random_uuid(), $1, 1, 'w', 'lost', now()) RETURNING attempt_id",
         rid,
-        steps,
+    )
+    for step in steps:
+        await pool.execute(
+            "INSERT INTO attempt_steps (run_id, attempt_id, entry) VALUES ($1, $2, $3::jsonb)",
+            rid,
+            lost_attempt,
+            step,
+        )
+    await pool.execute(
+        "UPDATE runs SET status = 'running', attempts = 2, attempt_id = gen_random_uuid(), "
+        "worker_id = 'w', lease_expires_at = now() + interval '1 minute', "
+        "attempt_started_at = now() WHERE id = $1",
+        rid,
     )
     async with agent_api(pool) as api:
         reply = await api.get(f"/v1/runs/{rid}", await api.token("alice"))

@@ -20,7 +20,6 @@ SCHEMA = Path(__file__).resolve().parent.parent / "promptsched/store/sql/schema.
 
 CHECKS: list[tuple[str, type[StrEnum]]] = [
     ("runs_status_check", domain.RunStatus),
-    ("run_attempts_status_check", domain.AttemptStatus),
     ("outbox_status_check", domain.OutboxStatus),
     ("runs_origin_check", domain.RunOrigin),
     ("outbox_event_check", domain.OutboxEvent),
@@ -38,6 +37,14 @@ def _allowed(constraint: str) -> set[str]:
 @pytest.mark.parametrize(("constraint", "enum"), CHECKS, ids=[c for c, _ in CHECKS])
 def test_enum_matches_schema_check(constraint: str, enum: type[StrEnum]) -> None:
     assert {member.value for member in enum} == _allowed(constraint)
+
+
+def test_ended_attempt_rows_hold_every_attempt_status_a_run_row_does_not() -> None:
+    """A running attempt and a succeeded one live in their run row; every other ending is a
+    row of ended_attempts (0013_two_writes_per_run.sql)."""
+    in_run_row = {domain.AttemptStatus.RUNNING, domain.AttemptStatus.SUCCEEDED}
+    ended = {member.value for member in domain.AttemptStatus} - in_run_row
+    assert ended == _allowed("ended_attempts_status_check")
 
 
 def test_finished_run_statuses() -> None:

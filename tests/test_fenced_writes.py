@@ -46,10 +46,10 @@ async def test_a_rejected_finish_is_one_fenced_write_and_one_lost_lease(
     rid = await factories.pending_run(pool, await factories.schedule(pool))
     finish_many = queries.run_finish_many
 
-    async def taken_first(db: Any, now: Any, batch: Any) -> set[int]:
+    async def taken_first(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
         # Another attempt won the run just before this one's final write (a reap, a re-claim).
         await pool.execute("UPDATE runs SET attempt_id = gen_random_uuid() WHERE id = $1", rid)
-        return await finish_many(db, now, batch)
+        return await finish_many(db, now, batch, worker_id)
 
     monkeypatch.setattr(queries, "run_finish_many", taken_first)
     metrics = Metrics()
@@ -74,9 +74,9 @@ async def test_a_transcript_append_by_a_lost_attempt_is_a_fenced_write(
     step = Step(kind="model", number=1, max_steps=4, text="thinking", tokens=3, detail={})
     await record(step)
     assert _fenced(metrics)["transcript"] == 0
-    await pool.execute(
-        "UPDATE run_attempts SET status = 'lost' WHERE attempt_id = $1", claimed.attempt_id
-    )
+    # The reaper takes the run back from this attempt (its lease expired).
+    await pool.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second'")
+    assert [r.id for r in await queries.run_reap_expired(pool, None, 10, timedelta(0))] == [rid]
     await record(step)
     await record(step)
     assert _fenced(metrics)["transcript"] == 2  # two writes tried, two rejected

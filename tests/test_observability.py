@@ -60,6 +60,7 @@ async def _running_run(pool: asyncpg.Pool[Any], schedule_id: int, lease_left: ti
     rid = await factories.pending_run(pool, schedule_id, slot)
     await pool.execute(
         "UPDATE runs SET status = 'running', attempt_id = gen_random_uuid(), attempts = 1, "
+        "worker_id = 'w', attempt_started_at = $3::timestamptz - interval '5 minutes', "
         "lease_expires_at = $2, deadline_at = $3 WHERE id = $1",
         rid,
         EPOCH + lease_left,

@@ -42,7 +42,8 @@ async def _running(pool: asyncpg.Pool[Any], sid: int, lease_left: timedelta) -> 
     attempt = uuid.uuid4()
     await pool.execute(
         "UPDATE runs SET status = 'running', attempt_id = $2, attempts = 1, worker_id = 'w',"
-        " lease_expires_at = $3::timestamptz, deadline_at = $3::timestamptz + interval '1 hour'"
+        " lease_expires_at = $3::timestamptz, deadline_at = $3::timestamptz + interval '1 hour',"
+        " attempt_started_at = $3::timestamptz - interval '1 minute'"
         " WHERE id = $1",
         rid,
         attempt,
@@ -106,6 +107,7 @@ async def test_a_finish_and_a_reap_owe_each_target_that_asked_for_the_event(
             )
             for (_, status), (rid, attempt) in finishes.items()
         ],
+        "w",
     )
     assert landed == {rid for rid, _ in finishes.values()}
     reaped = await queries.run_reap_expired(pool, T0, 10, timedelta(minutes=1))

@@ -356,9 +356,14 @@ async def test_a_fenced_attempt_aborts_its_request_and_writes_nothing(
                 # run_once returns once the fenced attempt has stopped.
 
     assert dict(await run_row(pool, rid)) == dict(taken)  # untouched by the fenced attempt
+    # The run's one attempt is the one that took it, still running; the fenced attempt wrote
+    # no row of its own (an ended attempt is written by whoever ends it: here, nobody).
     (attempt,) = await attempt_rows(pool, rid)
-    assert attempt["attempt_id"] == mine
+    assert attempt["attempt_id"] == taken["attempt_id"] != mine
     assert (attempt["status"], attempt["finished_at"], attempt["error"]) == ("running", None, None)
+    assert (
+        await pool.fetchval("SELECT count(*) FROM ended_attempts WHERE attempt_id = $1", mine) == 0
+    )
     # One write was rejected (the heartbeat's), one lease lost; the attempt wrote nothing more.
     assert metrics.fenced_writes.labels("heartbeat")._value.get() == 1
     assert metrics.fenced_writes.labels("finish")._value.get() == 0

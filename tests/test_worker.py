@@ -125,6 +125,7 @@ async def test_a_stale_attempt_writes_nothing(pool: asyncpg.Pool[Any]) -> None:
         pool,
         clock.sql_now(),
         [queries.Finish(rid, stale, "succeeded", "succeeded", output="from a stale attempt")],
+        "w",
     )
     assert landed == set()
     run = await run_row(pool, rid)
@@ -227,9 +228,9 @@ async def test_attempts_finishing_together_share_one_final_write(
     finish_many = queries.run_finish_many
     batches: list[int] = []
 
-    async def counted(db: Any, now: Any, batch: Any) -> set[int]:
+    async def counted(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
         batches.append(len(batch))
-        return await finish_many(db, now, batch)
+        return await finish_many(db, now, batch, worker_id)
 
     monkeypatch.setattr(queries, "run_finish_many", counted)
     assert await factories.worker_pool(pool, FrozenClock(EPOCH), slots=12).run_once() == 12
@@ -252,11 +253,11 @@ async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
     gate = anyio.Event()
     held: list[int] = []
 
-    async def held_first(db: Any, now: Any, batch: Any) -> set[int]:
+    async def held_first(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
         if not held:
             held.append(len(batch))
             await gate.wait()
-        return await finish_many(db, now, batch)
+        return await finish_many(db, now, batch, worker_id)
 
     monkeypatch.setattr(queries, "run_finish_many", held_first)
     workers = factories.worker_pool(pool, FrozenClock(EPOCH), slots=2)
@@ -295,10 +296,10 @@ async def test_drain_lets_a_queued_final_write_land_instead_of_releasing_it(
     writing = anyio.Event()
     gate = anyio.Event()
 
-    async def held(db: Any, now: Any, batch: Any) -> set[int]:
+    async def held(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
         writing.set()
         await gate.wait()
-        return await finish_many(db, now, batch)
+        return await finish_many(db, now, batch, worker_id)
 
     monkeypatch.setattr(queries, "run_finish_many", held)
     metrics = Metrics()

@@ -495,8 +495,11 @@ class Finish:
     check: dict[str, Any] | None = None
 
 
-async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish]) -> set[int]:
-    """The run ids whose write landed; an id missing was fenced (its attempt is stale)."""
+async def run_finish_many(
+    db: DB, now: datetime | None, batch: Sequence[Finish], worker_id: str
+) -> set[int]:
+    """The run ids whose write landed; an id missing was fenced (its attempt is stale).
+    ``worker_id`` is the worker whose attempts these are (the batch is one process's)."""
     row = await db.fetchrow(
         _Q["run_finish_many"],
         now,
@@ -511,15 +514,20 @@ async def run_finish_many(db: DB, now: datetime | None, batch: Sequence[Finish])
         [f.attempt_status for f in batch],
         [f.notice for f in batch],
         [f.check for f in batch],
+        worker_id,
     )
     assert row is not None
     return set(row["landed"])
 
 
 async def run_release_many(
-    db: DB, now: datetime | None, run_ids: Sequence[int], attempt_ids: Sequence[UUID]
+    db: DB,
+    now: datetime | None,
+    run_ids: Sequence[int],
+    attempt_ids: Sequence[UUID],
+    worker_id: str,
 ) -> int:
-    count: int = await db.fetchval(_Q["run_release_many"], now, run_ids, attempt_ids)
+    count: int = await db.fetchval(_Q["run_release_many"], now, run_ids, attempt_ids, worker_id)
     return count
 
 
@@ -574,10 +582,15 @@ async def run_seconds_until_lease_expiry(
 
 
 async def attempt_append_step(
-    db: DB, now: datetime | None, attempt_id: UUID, step: dict[str, Any], event: str
+    db: DB,
+    now: datetime | None,
+    run_id: int,
+    attempt_id: UUID,
+    step: dict[str, Any],
+    event: str,
 ) -> bool:
     """False when the attempt is no longer running (nothing was written or published)."""
-    rows = await db.fetch(_Q["attempt_append_step"], now, attempt_id, step, event)
+    rows = await db.fetch(_Q["attempt_append_step"], now, attempt_id, step, event, run_id)
     return bool(rows)
 
 

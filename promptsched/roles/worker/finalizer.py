@@ -34,12 +34,14 @@ class Finalizer:
         self,
         pool: asyncpg.Pool[Any],
         clock: Clock,
+        worker_id: str,
         *,
         max_batch: int = 256,
         write_timeout: float = 10.0,
     ) -> None:
         self.pool = pool
         self.clock = clock
+        self.worker_id = worker_id
         self.max_batch = max_batch
         self.write_timeout = write_timeout
         self._queue: list[tuple[queries.Finish, Done]] = []
@@ -72,7 +74,7 @@ class Finalizer:
                 scope.deadline = anyio.current_time() + self.write_timeout
                 try:
                     outcome = await queries.run_finish_many(
-                        self.pool, self.clock.sql_now(), [item for item, _ in batch]
+                        self.pool, self.clock.sql_now(), [item for item, _ in batch], self.worker_id
                     )
                 except Exception as exc:  # asyncpg raises more than PostgresError when a
                     # connection dies: report it to every attempt of the batch, never crash

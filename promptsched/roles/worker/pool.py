@@ -111,9 +111,9 @@ class WorkerPool:
         self.heartbeat = heartbeat
         # One registry of the attempts in flight, shared with the heartbeat that renews them.
         self.inflight: InFlightAttempts = heartbeat.inflight
-        self.finalizer = Finalizer(pool, clock)
         self.slots = settings.slots
         self.worker_id = settings.worker_id or default_worker_id()
+        self.finalizer = Finalizer(pool, clock, self.worker_id)
         self.retry_base = settings.retry_base
         self.retry_max = settings.retry_max
         self.max_sleep = settings.max_sleep
@@ -652,6 +652,7 @@ class WorkerPool:
                         self.clock.sql_now(),
                         [a.run_id for a in remaining],
                         [a.attempt_id for a in remaining],
+                        self.worker_id,
                     )
                     await queries.run_notify_ready(self.pool, "released")
                     self.metrics.leases_released.inc(count)

@@ -75,6 +75,7 @@ class AttemptLog:
             landed = await queries.attempt_append_step(
                 self.pool,
                 self.clock.sql_now(),
+                self.run_id,
                 self.attempt_id,
                 entry(step),
                 event(self.run_id, self.attempt, step),

@@ -269,6 +269,32 @@ ALTER TABLE public.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.attempt_steps (
+    run_id bigint NOT NULL,
+    attempt_id uuid NOT NULL,
+    id bigint NOT NULL,
+    entry jsonb NOT NULL
+);
+ALTER TABLE public.attempt_steps ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.attempt_steps_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.ended_attempts (
+    attempt_id uuid NOT NULL,
+    run_id bigint NOT NULL,
+    number integer NOT NULL,
+    worker_id text NOT NULL,
+    status text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    error text,
+    usage jsonb,
+    CONSTRAINT ended_attempts_status_check CHECK ((status = ANY (ARRAY['failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
+);
 CREATE TABLE public.followup_checks (
     id bigint NOT NULL,
     schedule_id bigint NOT NULL,
@@ -449,19 +475,6 @@ CREATE TABLE public.provider_buckets (
     failures integer DEFAULT 0 NOT NULL,
     reason text
 );
-CREATE TABLE public.run_attempts (
-    attempt_id uuid NOT NULL,
-    run_id bigint NOT NULL,
-    number integer NOT NULL,
-    worker_id text NOT NULL,
-    status text DEFAULT 'running'::text NOT NULL,
-    started_at timestamp with time zone DEFAULT now() NOT NULL,
-    finished_at timestamp with time zone,
-    error text,
-    transcript jsonb DEFAULT '[]'::jsonb NOT NULL,
-    usage jsonb,
-    CONSTRAINT run_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
-);
 CREATE TABLE public.runs (
     id bigint NOT NULL,
     schedule_id bigint NOT NULL,
@@ -490,11 +503,41 @@ CREATE TABLE public.runs (
     finished_at timestamp with time zone,
     tokens bigint DEFAULT 0 NOT NULL,
     cost double precision DEFAULT 0 NOT NULL,
+    attempt_started_at timestamp with time zone,
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'skipped'::text])))
 );
+CREATE VIEW public.run_attempts AS
+ SELECT e.attempt_id,
+    e.run_id,
+    e.number,
+    e.worker_id,
+    e.status,
+    e.started_at,
+    e.finished_at,
+    e.error,
+    COALESCE(( SELECT jsonb_agg(s.entry ORDER BY s.id) AS jsonb_agg
+           FROM public.attempt_steps s
+          WHERE ((s.run_id = e.run_id) AND (s.attempt_id = e.attempt_id))), '[]'::jsonb) AS transcript,
+    e.usage
+   FROM public.ended_attempts e
+UNION ALL
+ SELECT r.attempt_id,
+    r.id AS run_id,
+    r.attempts AS number,
+    r.worker_id,
+    r.status,
+    r.attempt_started_at AS started_at,
+    r.finished_at,
+    NULL::text AS error,
+    COALESCE(( SELECT jsonb_agg(s.entry ORDER BY s.id) AS jsonb_agg
+           FROM public.attempt_steps s
+          WHERE ((s.run_id = r.id) AND (s.attempt_id = r.attempt_id))), '[]'::jsonb) AS transcript,
+    r.usage
+   FROM public.runs r
+  WHERE ((r.status = ANY (ARRAY['running'::text, 'succeeded'::text])) AND (r.attempt_id IS NOT NULL));
 ALTER TABLE public.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.runs_id_seq
     START WITH 1
@@ -533,6 +576,12 @@ ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
+ALTER TABLE ONLY public.attempt_steps
+    ADD CONSTRAINT attempt_steps_pkey PRIMARY KEY (run_id, attempt_id, id);
+ALTER TABLE ONLY public.ended_attempts
+    ADD CONSTRAINT ended_attempts_pkey PRIMARY KEY (attempt_id);
+ALTER TABLE ONLY public.ended_attempts
+    ADD CONSTRAINT ended_attempts_run_id_number_key UNIQUE (run_id, number);
 ALTER TABLE ONLY public.followup_checks
     ADD CONSTRAINT followup_checks_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.followups
@@ -549,10 +598,6 @@ ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.provider_buckets
     ADD CONSTRAINT provider_buckets_pkey PRIMARY KEY (provider);
-ALTER TABLE ONLY public.run_attempts
-    ADD CONSTRAINT run_attempts_pkey PRIMARY KEY (attempt_id);
-ALTER TABLE ONLY public.run_attempts
-    ADD CONSTRAINT run_attempts_run_id_number_key UNIQUE (run_id, number);
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.schedule_changes
@@ -575,7 +620,6 @@ CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (f
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
 CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
-CREATE INDEX runs_running_provider_idx ON public.runs USING btree (provider) WHERE (status = 'running'::text);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
@@ -583,6 +627,10 @@ CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WH
 CREATE UNIQUE INDEX schedules_followup_key ON public.schedules USING btree (owner, followup_key) WHERE (followup_key IS NOT NULL);
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
+ALTER TABLE ONLY public.attempt_steps
+    ADD CONSTRAINT attempt_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.ended_attempts
+    ADD CONSTRAINT ended_attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.followup_checks
     ADD CONSTRAINT followup_checks_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE SET NULL;
 ALTER TABLE ONLY public.followup_checks
@@ -593,8 +641,6 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
-ALTER TABLE ONLY public.run_attempts
-    ADD CONSTRAINT run_attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_replay_of_fkey FOREIGN KEY (replay_of) REFERENCES public.runs(id) ON DELETE SET NULL;
 ALTER TABLE ONLY public.runs

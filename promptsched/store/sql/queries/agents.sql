@@ -1,13 +1,18 @@
 -- name: attempt_append_step
--- Append one step to the attempt's transcript and publish its progress event, in one round
--- trip. Guarded like every attempt write: once the attempt is no longer running (finished,
--- or marked lost by the reaper) nothing is appended and nothing is published. NOTIFY from
--- an autocommit statement is delivered at once.
-WITH appended AS (
-    UPDATE run_attempts
-    SET transcript = transcript
-        || jsonb_build_array($3::jsonb || jsonb_build_object('at', coalesce($1::timestamptz, now())))
-    WHERE attempt_id = $2 AND status = 'running'
+-- Append one step to the attempt's transcript (an insert-only row of attempt_steps) and
+-- publish its progress event, in one round trip. Guarded like every attempt write: once the
+-- attempt is no longer the run's running one (finished, or lost to the reaper) nothing is
+-- appended and nothing is published. FOR SHARE makes a finish or a reap that is under way
+-- finish first, and the guard is then read again on the row it left. NOTIFY from an
+-- autocommit statement is delivered at once.
+WITH live AS (
+    SELECT id FROM runs
+    WHERE id = $5 AND attempt_id = $2 AND status = 'running'
+    FOR SHARE
+), appended AS (
+    INSERT INTO attempt_steps (run_id, attempt_id, entry)
+    SELECT id, $2, $3::jsonb || jsonb_build_object('at', coalesce($1::timestamptz, now()))
+    FROM live
     RETURNING run_id
 )
 SELECT pg_notify('promptsched_progress', $4::text) FROM appended;

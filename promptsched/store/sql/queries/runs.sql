@@ -1,8 +1,10 @@
 -- name: run_claim_batch
 -- Lock up to $3 claimable runs of provider $2 in claim-index order, skipping rows other
--- workers hold, then mint a fresh attempt_id (the fencing token) for each and record the
--- attempt, all in one statement. The ORDER BY matches runs_claim_idx so a large backlog is
--- read in index order and never sorted. Serial runs (overlap buffer_*) wait for every
+-- workers hold, then mint a fresh attempt_id (the fencing token) for each, all in one
+-- statement. The attempt lives in the run row while it runs (attempt_id, worker_id, lease,
+-- attempt_started_at): the claim writes nothing else (0013_two_writes_per_run.sql).
+-- The ORDER BY matches runs_claim_idx so a large backlog is read in index order and never
+-- sorted. Serial runs (overlap buffer_*) wait for every
 -- earlier unfinished run of their schedule; a run locked by another claimer still counts as
 -- unfinished here, so two claimers never start two serial runs of one schedule.
 -- The update reaches the locked candidates through the primary key, as one array: joined to
@@ -34,7 +36,8 @@ WITH candidates AS (
         worker_id = $4,
         lease_expires_at = coalesce($1::timestamptz, now()) + $5::interval,
         deadline_at = coalesce($1::timestamptz, now()) + s.timeout,
-        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
+        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now())),
+        attempt_started_at = coalesce($1::timestamptz, now())
     FROM schedules s
     WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
@@ -51,9 +54,6 @@ WITH candidates AS (
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
               s.vars, s.followup_key
-), recorded AS (
-    INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
-    SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
 ), seen AS (
     -- A full claim met no contention worth counting and skips the second read: CASE
     -- evaluates its ELSE subquery (an InitPlan) only when it is reached. Keep the predicate
@@ -108,7 +108,8 @@ WITH admit AS (
         worker_id = $4,
         lease_expires_at = coalesce($1::timestamptz, now()) + $5::interval,
         deadline_at = coalesce($1::timestamptz, now()) + s.timeout,
-        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now()))
+        started_at = coalesce(r.started_at, coalesce($1::timestamptz, now())),
+        attempt_started_at = coalesce($1::timestamptz, now())
     FROM schedules s
     WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
@@ -125,9 +126,6 @@ WITH admit AS (
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
               s.vars, s.followup_key
-), recorded AS (
-    INSERT INTO run_attempts (attempt_id, run_id, number, worker_id, started_at)
-    SELECT attempt_id, id, attempts, $4, coalesce($1::timestamptz, now()) FROM claimed
 ), spend AS (
     -- The rate bucket after this claim took its runs' tokens (under the same lock).
     INSERT INTO provider_buckets (provider, tokens, updated_at)
@@ -173,9 +171,12 @@ WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
 RETURNING r.id, r.cancel_requested;
 
 -- name: run_finish_many
--- Finalize a batch of attempts, each guarded by its fencing token: a row missing from the
--- result was stale and changed nothing. Per row, status is the run's next state: succeeded |
--- dead | cancelled | skipped | pending (a retry, available again after retry_in).
+-- Finalize a batch of attempts of worker $13, each guarded by its fencing token: a row missing
+-- from the result was stale and changed nothing. Per row, status is the run's next state:
+-- succeeded | dead | cancelled | skipped | pending (a retry, available again after retry_in).
+-- A succeeded attempt stays in the run row (attempt_id, worker_id, attempt_started_at), so the
+-- happy path writes this one row; any other ending writes its attempt's own row, since the
+-- run row will not tell it (0013_two_writes_per_run.sql).
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
@@ -198,18 +199,19 @@ WITH input AS (
                            ELSE coalesce($1::timestamptz, now()) END,
         attempt_id = CASE WHEN i.status = 'pending' THEN NULL ELSE r.attempt_id END,
         lease_expires_at = NULL,
-        worker_id = NULL,
+        worker_id = CASE WHEN i.status = 'succeeded' THEN r.worker_id END,
         cancel_requested = false
     FROM input i
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
-    RETURNING r.id, r.schedule_id, r.status, i.attempt_id, i.attempt_status, i.error, i.usage,
-              i.notice, i.followup
-), attempt AS (
-    UPDATE run_attempts a
-    SET status = f.attempt_status, finished_at = coalesce($1::timestamptz, now()),
-        error = f.error, usage = f.usage
+    RETURNING r.id, r.schedule_id, r.status, r.attempts, r.attempt_started_at, i.attempt_id,
+              i.attempt_status, i.error, i.usage, i.notice, i.followup
+), ended AS (
+    INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
+                                finished_at, error, usage)
+    SELECT f.attempt_id, f.id, f.attempts, $13, f.attempt_status, f.attempt_started_at,
+           coalesce($1::timestamptz, now()), f.error, f.usage
     FROM finished f
-    WHERE a.attempt_id = f.attempt_id
+    WHERE f.status <> 'succeeded'
 ), owed AS (
     -- Invariant 5: what the finished runs owe (outbox_owe, 0007_outbox_owe.sql) is written by
     -- this very statement, so the outbox rows exist exactly when the finish landed.
@@ -243,28 +245,30 @@ FROM finished;
 
 -- name: run_release_many
 -- Drain: hand runs back at once so another replica claims them without waiting for the
--- lease to expire. A released attempt does not count against max_attempts.
+-- lease to expire. A released attempt does not count against max_attempts; it is written to
+-- its own row (the run row's next claim overwrites the attempt it holds).
 WITH released AS (
     UPDATE runs r
     SET status = 'pending', attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL,
         available_at = coalesce($1::timestamptz, now()), releases = r.releases + 1
     FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
     WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
-    RETURNING h.attempt_id
+    RETURNING r.id, h.attempt_id, r.attempts, r.attempt_started_at
 ), attempts AS (
-    UPDATE run_attempts a
-    SET status = 'released', finished_at = coalesce($1::timestamptz, now()),
-        error = 'released: the worker shut down'
-    FROM released WHERE a.attempt_id = released.attempt_id
+    INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
+                                finished_at, error)
+    SELECT attempt_id, id, attempts, $4, 'released', attempt_started_at,
+           coalesce($1::timestamptz, now()), 'released: the worker shut down'
+    FROM released
 )
 SELECT count(*)::int FROM released;
 
 -- name: run_reap_expired
 -- Runs whose lease expired (the worker died or froze) or whose deadline passed long ago (a
 -- backstop for the worker's own timeout) go back to pending, or to dead when their attempts
--- are used up. The lost attempt is recorded as such.
+-- are used up. The lost attempt is written to its own row, as lost.
 WITH expired AS (
-    SELECT id, attempt_id, worker_id,
+    SELECT id, attempt_id, worker_id, attempts, attempt_started_at,
            lease_expires_at < coalesce($1::timestamptz, now()) AS lease_lost
     FROM runs
     WHERE status = 'running'
@@ -291,12 +295,14 @@ WITH expired AS (
     FROM expired e
     WHERE r.id = e.id
     RETURNING r.id, r.schedule_id, r.status, r.provider, e.attempt_id, e.worker_id,
-              e.lease_lost
+              e.lease_lost, e.attempts, e.attempt_started_at
 ), lost AS (
-    UPDATE run_attempts a
-    SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
-        error = CASE WHEN reaped.lease_lost THEN 'lease expired' ELSE 'deadline passed' END
-    FROM reaped WHERE a.attempt_id = reaped.attempt_id
+    INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
+                                finished_at, error)
+    SELECT attempt_id, id, attempts, worker_id, 'lost', attempt_started_at,
+           coalesce($1::timestamptz, now()),
+           CASE WHEN lease_lost THEN 'lease expired' ELSE 'deadline passed' END
+    FROM reaped
 ), owed AS (
     -- Invariant 5, as run_finish_many: a reaped run that went dead owes its failure
     -- notifications, written by the reap itself (a retry or a cancel owes nothing).
