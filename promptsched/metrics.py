@@ -244,7 +244,8 @@ class Metrics:
         self.throttled_claims = Counter(
             "provider_throttled_claims",
             "Claims that took nothing because a provider's fleet-wide limit was reached, by "
-            "the limit (concurrency, rate, open: its breaker); the runs wait as pending rows",
+            "the limit (concurrency, rate, tokens: tokens per minute, open: its breaker); the runs "
+            "wait as pending rows",
             ["provider", "reason"],
             namespace=ns,
             registry=registry,

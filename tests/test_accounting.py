@@ -154,3 +154,57 @@ async def test_an_agent_run_sums_its_steps_and_a_failed_one_keeps_what_it_spent(
     assert dead is not None and dead["status"] == "dead"
     assert (attempt["prompt_tokens"], attempt["completion_tokens"]) == (400, 50)
     assert dead["tokens"] == 450 and dead["cost"] == pytest.approx((400 * 2 + 50 * 8) / 1e6)
+
+
+@pytest.mark.slow
+async def test_an_agent_attempt_that_times_out_keeps_the_usage_of_its_steps(
+    dsn: str,
+    pool: asyncpg.Pool[Any],
+    tmp_path: Path,
+    fake: fake_server.FakeOpenAI,
+    pages: site.Pages,
+) -> None:
+    look = fake_server.tool_calls(("http_get", {"url": pages.url("/page")}))
+    # Two model steps report their usage, then the third model call never answers.
+    fake.script(
+        dataclasses.replace(look, usage={"prompt_tokens": 100, "completion_tokens": 20}),
+        dataclasses.replace(look, usage={"prompt_tokens": 130, "completion_tokens": 7}),
+        fake_server.hang(),
+    )
+    env = {
+        **provider_env(fake.base_url, timeout="30s"),
+        "PROMPTSCHED_TOOLS_ALLOW": "127.0.0.1/32",
+        "PROMPTSCHED_PRICES": f"{PROVIDER}=2/8",
+    }
+    sid = await pool.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt, provider, params, "
+        "max_attempts, timeout) VALUES ('slow agent', 'cron', '0 0 1 1 *', 'weather?', $1, "
+        "$2::jsonb, 1, interval '2 seconds') RETURNING id",
+        PROVIDER, {"tools": ["http_get"], "max_steps": 5},
+    )  # fmt: skip
+    service = Service(dsn, tmp_path / "service.log", env=env)
+    try:
+        await service.ready()
+        rid = await factories.pending_run(pool, sid)
+
+        async def dead() -> bool:
+            status = await pool.fetchval("SELECT status FROM runs WHERE id = $1", rid)
+            return status == "dead"
+
+        await wait_until(dead, timeout=30, what="the timed-out run")
+    finally:
+        service.stop()
+    assert len(fake.requests) == 3  # the third step was under way when the time ran out
+    attempt = await pool.fetchrow(
+        "SELECT status, error, usage FROM run_attempts WHERE run_id = $1", rid
+    )
+    assert attempt is not None and attempt["status"] == "failed"
+    # The agent stops itself just before the schedule's timeout, saying which budget ran out.
+    assert attempt["error"] == "agent: time budget of 2s exceeded (the schedule's timeout)"
+    usage = attempt["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (100 + 130, 20 + 7)
+    assert usage["total_tokens"] == 257
+    assert usage["cost"] == pytest.approx((230 * 2 + 27 * 8) / 1e6)
+    run = await pool.fetchrow("SELECT tokens, cost FROM runs WHERE id = $1", rid)
+    assert run is not None and run["tokens"] == 257
+    assert run["cost"] == pytest.approx((230 * 2 + 27 * 8) / 1e6)

@@ -2,8 +2,9 @@
 processes against a fake OpenAI-compatible server on loopback that counts what it receives:
 three replicas never send more than the provider's ``MAX_CONCURRENCY`` at once over a rush,
 also while one is SIGKILLed and restarted, and never more than its ``RATE`` allows in any
-window. Each replica alone would allow the full limit (the per-process cap is the same
-number), so without the coordination in Postgres both tests see about three times the limit.
+window, and never more LLM tokens than its ``TOKENS_PER_MINUTE`` paces. Each replica alone
+would allow the full limit (the per-process cap is the same number), so without the
+coordination in Postgres these tests see about three times the limit.
 """
 
 from __future__ import annotations
@@ -140,6 +141,53 @@ async def test_three_replicas_share_the_providers_request_rate(
         inside = sum(1 for t in times[i:] if t - start <= window)
         assert inside <= rate + rate * (window + 0.3), (start - times[0], inside)
     assert times[-1] - times[0] >= (runs - rate) / rate - 0.5
+
+
+async def test_three_replicas_share_the_providers_tokens_per_minute(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    # 100 tokens a request and 30,000 tokens a minute: 500 tokens (5 requests) a second, and
+    # at most one second's worth in the bucket. A run's tokens are known once it ran, so the
+    # bucket may go below zero by the runs in flight: at most MAX_CONCURRENCY of them.
+    used, tpm, in_flight, runs = 100, 30_000, 2, 40
+    fake.default = fake_server.ok(
+        usage={"prompt_tokens": 70, "completion_tokens": 30, "total_tokens": used}
+    )
+    env = provider_env(
+        fake.base_url, tokens_per_minute=str(tpm), max_concurrency=str(in_flight), timeout="30s"
+    )
+    sid = await _schedule(pool)
+    replicas = _replicas(dsn, tmp_path, env)
+    try:
+        for replica in replicas:
+            await replica.ready()
+        await _rush(pool, sid, runs)
+
+        async def all_done() -> bool:
+            return await _succeeded(pool) == runs
+
+        await wait_until(all_done, timeout=60, what="every run")
+        held_back = [await _throttled(replica, "tokens") for replica in replicas]
+        assert sum(held_back) >= 1, held_back
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert await pool.fetchval("SELECT sum(tokens) FROM runs") == runs * used
+    times = sorted(r.at for r in fake.requests)
+    assert len(times) == runs
+    # In any window of w seconds the fleet sends at most the bucket (one second's worth), w
+    # seconds of refill, and what the runs in flight spent before their tokens were counted
+    # (twice: before the window and inside it), with 0.3 s of slack between a claim and its
+    # request. Three replicas with a bucket each would send three times as much.
+    per_second, window = tpm / 60, 2.0
+    bound = per_second + per_second * (window + 0.3) + 2 * in_flight * used
+    for i, start in enumerate(times):
+        inside = used * sum(1 for t in times[i:] if t - start <= window)
+        assert inside <= bound, (start - times[0], inside, bound)
+    # The whole rush is paced at the limit: 4,000 tokens less the first second's worth and
+    # what was in flight take at least 6.6 s at 500 a second.
+    least = (runs * used - per_second - in_flight * used) / per_second
+    assert times[-1] - times[0] >= least - 0.5, (times[-1] - times[0], least)
 
 
 async def test_a_429_seen_by_one_replica_cools_the_provider_down_for_both(

@@ -37,6 +37,7 @@ def test_providers_from_the_environment() -> None:
         "PROMPTSCHED_PROVIDER_OPENAI_CONNECT_TIMEOUT": "500ms",
         "PROMPTSCHED_PROVIDER_OPENAI_MAX_CONCURRENCY": "4",
         "PROMPTSCHED_PROVIDER_OPENAI_RATE": "2.5",
+        "PROMPTSCHED_PROVIDER_OPENAI_TOKENS_PER_MINUTE": "90000",
         "PROMPTSCHED_PROVIDER_LOCAL_LLM_KIND": "openai",
         "PROMPTSCHED_PROVIDER_LOCAL_LLM_BASE_URL": "http://localhost:11434/v1/",
         "PROMPTSCHED_PROVIDER_HOOK_KIND": "webhook",
@@ -55,7 +56,9 @@ def test_providers_from_the_environment() -> None:
     assert main.connect_timeout == timedelta(milliseconds=500)
     assert main.max_concurrency == 4
     assert main.rate_per_second == 2.5
+    assert main.tokens_per_minute == 90_000
     local = providers["local-llm"]
+    assert local.tokens_per_minute is None  # no limit unless set
     assert (local.kind, local.base_url, local.api_key) == (
         "openai",
         "http://localhost:11434/v1",
@@ -76,6 +79,7 @@ def test_providers_from_toml_with_env_overrides() -> None:
             "connect_timeout": "2s",
             "max_concurrency": 16,
             "rate_per_second": 10,
+            "tokens_per_minute": 30000,
             "headers": {"X-Team": "data"},
         }
     }
@@ -91,6 +95,7 @@ def test_providers_from_toml_with_env_overrides() -> None:
     assert fast.request_timeout == timedelta(seconds=30)  # TOML numbers are seconds
     assert fast.connect_timeout == timedelta(seconds=2)
     assert fast.rate_per_second == 10.0
+    assert fast.tokens_per_minute == 30_000
     assert dict(fast.headers) == {"X-Team": "data"}
     assert fast.api_key == Secret(KEY)
 
@@ -162,6 +167,16 @@ ENV_ERRORS: list[tuple[dict[str, str], str, str]] = [
         "must be a positive number",
     ),
     (
+        {"PROMPTSCHED_PROVIDERS": "openai", "PROMPTSCHED_PROVIDER_OPENAI_TOKENS_PER_MINUTE": "0"},
+        "PROMPTSCHED_PROVIDER_OPENAI_TOKENS_PER_MINUTE",
+        "must be at least 1",
+    ),
+    (
+        {"PROMPTSCHED_PROVIDERS": "openai", "PROMPTSCHED_PROVIDER_OPENAI_TOKENS_PER_MINUTE": "9k"},
+        "PROMPTSCHED_PROVIDER_OPENAI_TOKENS_PER_MINUTE",
+        "must be a whole number",
+    ),
+    (
         {"PROMPTSCHED_PROVIDERS": "OpenAI"},
         "PROMPTSCHED_PROVIDERS",
         "must be lowercase",
@@ -198,6 +213,7 @@ TOML_ERRORS: list[tuple[Any, str, str]] = [
     ({"openai": {"model": "m"}}, "providers.openai.model", "'default_model'"),
     ({"openai": {"timout": "1s"}}, "providers.openai.timout", "'timeout'"),
     ({"openai": {"max_concurrency": True}}, "providers.openai.max_concurrency", "whole number"),
+    ({"openai": {"tpm": 1000}}, "providers.openai.tpm", "'tokens_per_minute'"),
     ({"openai": {"headers": {"X": 1}}}, "providers.openai.headers", "string"),
     ({"openai": "yes"}, "providers.openai", "must be a table"),
     ({"Big": {"kind": "echo"}}, "providers.Big", "must be lowercase"),
@@ -286,6 +302,7 @@ async def test_build_registry_makes_executors_and_limiters() -> None:
         "PROMPTSCHED_PROVIDER_HOOK_KIND": "webhook",
         "PROMPTSCHED_PROVIDER_HOOK_BASE_URL": "http://127.0.0.1:9/hook",
         "PROMPTSCHED_PROVIDER_DEMO_KIND": "echo",
+        "PROMPTSCHED_PROVIDER_DEMO_TOKENS_PER_MINUTE": "6000",
     }
     loopback = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
     registry, limiters = providers.build_registry(
@@ -300,6 +317,10 @@ async def test_build_registry_makes_executors_and_limiters() -> None:
         assert registry.get("echo").name == "echo"
         assert limiters["openai"].max_concurrency == 3
         assert limiters["openai"].rate_per_second == 5.0
+        assert limiters["openai"].tokens_per_minute is None
+        # A tokens-per-minute limit makes an echo provider's limits fleet-wide.
+        assert (limiters["demo"].tokens_per_minute, limiters["demo"].fleet) == (6000, True)
+        assert not limiters["echo"].fleet
         assert limiters["echo"].max_concurrency == settings.ECHO_MAX_CONCURRENCY
     finally:
         await registry.aclose()

@@ -67,6 +67,7 @@ class Limiter:
         burst: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         fleet: bool = False,
+        tokens_per_minute: int | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -83,6 +84,9 @@ class Limiter:
         self._in_use = 0
         self._changed: anyio.Event | None = None
         self.fleet = fleet  # the limits hold for the whole fleet, checked at claim time
+        # LLM tokens a minute for the whole fleet: checked at claim time only (a run's tokens
+        # are known once it ran, so no process can hold them back on its own).
+        self.tokens_per_minute = tokens_per_minute
 
     @property
     def max_concurrency(self) -> int:

@@ -44,7 +44,12 @@ def build_registry(
         for name, provider in settings.items()
     }
     limiters = {
-        name: Limiter(provider.max_concurrency, provider.rate_per_second, fleet=provider.fleet)
+        name: Limiter(
+            provider.max_concurrency,
+            provider.rate_per_second,
+            fleet=provider.fleet,
+            tokens_per_minute=provider.tokens_per_minute,
+        )
         for name, provider in settings.items()
     }
     return Registry(executors), limiters

@@ -39,6 +39,7 @@ _KEYS: dict[str, str | None] = {
     "connect_timeout": "CONNECT_TIMEOUT",
     "max_concurrency": "MAX_CONCURRENCY",
     "rate_per_second": "RATE",
+    "tokens_per_minute": "TOKENS_PER_MINUTE",
     "headers": None,
 }
 _HINTS = {
@@ -46,8 +47,11 @@ _HINTS = {
     "request_timeout": "timeout",
     "rate": "rate_per_second",
     "concurrency": "max_concurrency",
+    "tpm": "tokens_per_minute",
     "url": "base_url",
 }
+# The settings that make a provider's limits fleet-wide when set on ``echo``.
+_LIMITS = ("max_concurrency", "rate_per_second", "tokens_per_minute")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -66,6 +70,8 @@ class ProviderSettings:
     request_timeout: timedelta = DEFAULT_TIMEOUT
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     rate_per_second: float | None = None
+    # LLM tokens (prompt + completion, as the provider reports them) per minute, fleet-wide.
+    tokens_per_minute: int | None = None
     # The limits hold for the whole fleet (checked in Postgres at claim time): always for a
     # real provider; for ``echo`` only when a limit was set (its default is a local cap).
     fleet: bool = True
@@ -220,7 +226,8 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         request_timeout=request_timeout,
         max_concurrency=_positive_int(raw.get("max_concurrency"), default_concurrency),
         rate_per_second=_rate(raw.get("rate_per_second")),
-        fleet=kind != "echo" or "max_concurrency" in raw or "rate_per_second" in raw,
+        tokens_per_minute=_optional_positive_int(raw.get("tokens_per_minute")),
+        fleet=kind != "echo" or any(key in raw for key in _LIMITS),
         headers=_headers(raw.get("headers")),
         base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )
@@ -301,6 +308,12 @@ def _positive_int(item: _Value | None, default: int) -> int:
     if value < 1:
         raise ConfigError(item.field, "must be at least 1")
     return cast(int, value)
+
+
+def _optional_positive_int(item: _Value | None) -> int | None:
+    if item is None or (isinstance(item.value, str) and not item.value.strip()):
+        return None
+    return _positive_int(item, 1)
 
 
 def _rate(item: _Value | None) -> float | None:

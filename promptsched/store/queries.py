@@ -407,6 +407,7 @@ class ProviderRoom:
     open_for: float  # seconds its breaker stays open (0: not open)
     half_open: bool  # one probe at a time
     failures: int  # retryable failures in a row
+    llm_tokens: float | None = None  # its LLM-token bucket now (None: no tokens-per-minute)
 
 
 class LimitedClaim(Claim):
@@ -428,15 +429,16 @@ async def run_claim_limited(
     max_concurrency: int,
     rate: float | None,
     burst: float,
+    tokens_per_minute: int | None = None,
 ) -> LimitedClaim:
     found = await db.fetch(
         _Q["run_claim_limited"], now, provider, limit, worker_id, lease, max_concurrency, rate,
-        burst,
+        burst, tokens_per_minute,
     )  # fmt: skip
     first = found[0]
     room = ProviderRoom(
         first["allowed"], first["provider_running"], first["open_for"], first["half_open"],
-        first["failures"],
+        first["failures"], first["llm_tokens"],
     )  # fmt: skip
     rows = [_claimed_run(row) for row in found if row["id"] is not None]
     return LimitedClaim(rows, first["claimable"], room)
@@ -461,6 +463,13 @@ async def provider_trip(
 
 async def provider_recover(db: DB, provider: str, *, probe: bool) -> None:
     await db.execute(_Q["provider_recover"], provider, probe)
+
+
+async def provider_debit_tokens(
+    db: DB, now: datetime | None, provider: str, tokens_per_minute: int, used: int
+) -> None:
+    """Take the ``used`` tokens an attempt reported from the provider's LLM-token bucket."""
+    await db.execute(_Q["provider_debit_tokens"], now, provider, tokens_per_minute, used)
 
 
 async def provider_cooling(db: DB, now: datetime | None) -> list[Record]:

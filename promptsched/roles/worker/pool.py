@@ -85,6 +85,19 @@ def _counting_usage(
     return progress
 
 
+def _reported_usage(
+    outcome: ExecutionResult | ExecutorError | None, attempt: InFlight
+) -> dict[str, Any]:
+    """The attempt's usage as its provider reported it (a result's, a failure's, or else what
+    its agent steps reported before it stopped), with ``total_tokens``; empty when unknown."""
+    reported = outcome.usage if outcome is not None else None
+    usage: dict[str, Any] = dict(reported or attempt.usage)
+    if usage:
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        usage.setdefault("total_tokens", prompt + completion)
+    return usage
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -212,7 +225,7 @@ class WorkerPool:
         claim = await queries.run_claim_limited(
             self.pool, self.clock.sql_now(), provider, want, self.worker_id, self.heartbeat.lease,
             max_concurrency=limiter.max_concurrency, rate=limiter.rate_per_second,
-            burst=limiter.burst,
+            burst=limiter.burst, tokens_per_minute=limiter.tokens_per_minute,
         )  # fmt: skip
         room = claim.room
         state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"
@@ -223,6 +236,7 @@ class WorkerPool:
         if room.allowed <= 0:
             reason = (
                 "open" if state == "open"
+                else "tokens" if room.llm_tokens is not None and room.llm_tokens <= 0
                 else "concurrency" if room.running >= limiter.max_concurrency
                 or state == "half_open" else "rate"
             )  # fmt: skip
@@ -238,13 +252,32 @@ class WorkerPool:
         self, provider: str, limiter: Limiter, room: queries.ProviderRoom, reason: str
     ) -> float:
         """How long to wait before asking a throttled provider again: until its breaker
-        half-opens, until its next rate token, or (when full) 50 ms doubling to 1 s, since
-        another replica's finish does not wake this one."""
+        half-opens, until its next rate token, until its LLM-token bucket is positive again, or
+        (when full) 50 ms doubling to 1 s, since another replica's finish does not wake this
+        one."""
         if reason == "open":
             return max(0.05, room.open_for)
+        if reason == "tokens" and room.llm_tokens is not None and limiter.tokens_per_minute:
+            return max(0.01, -room.llm_tokens / (limiter.tokens_per_minute / 60))
         if reason == "rate" and limiter.rate_per_second is not None:
             return max(0.01, 1.0 / limiter.rate_per_second)
         return min(1.0, max(0.05, self._fleet_waits.get(provider, 0.0) * 2))
+
+    async def _report_to_fleet(
+        self, row: ClaimedRun, attempt: InFlight, outcome: ExecutionResult | ExecutorError | None
+    ) -> None:
+        """Tell the provider's fleet-wide row what this attempt met: the tokens it used, and
+        its success or failure for the breaker. Written before the attempt's final write, while
+        its run still counts as running, so every claim either counts the run in flight or sees
+        what it reported, never neither (a half-open breaker whose probe has finished but not
+        yet reported would let a second probe through)."""
+        probe = row.id in self._probes
+        self._probes.discard(row.id)
+        tokens_per_minute = self.limiters[attempt.provider].tokens_per_minute
+        if tokens_per_minute is not None:
+            await self._debit_tokens(attempt, outcome, tokens_per_minute)
+        if attempt.stop is StopReason.NONE:
+            await self._report_to_breaker(attempt.provider, outcome, probe=probe)
 
     async def _report_to_breaker(
         self, provider: str, outcome: ExecutionResult | ExecutorError | None, *, probe: bool
@@ -252,7 +285,7 @@ class WorkerPool:
         """Tell the fleet's breaker of the provider what this attempt met: a 429 with
         Retry-After opens it for every replica at once; other retryable failures open it after
         BREAKER_FAILURES in a row; a success restarts the count, and a half-open probe's
-        success closes it. Never fails the attempt: its own write is already queued."""
+        success closes it. Never fails the attempt."""
         try:
             if isinstance(outcome, ExecutorError) and outcome.retryable:
                 until = await queries.provider_trip(
@@ -275,6 +308,26 @@ class WorkerPool:
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             self.metrics.role_errors.labels("worker").inc()
             log.warning("provider.breaker_write_failed", provider=provider, error=repr(exc))
+
+    async def _debit_tokens(
+        self,
+        attempt: InFlight,
+        outcome: ExecutionResult | ExecutorError | None,
+        tokens_per_minute: int,
+    ) -> None:
+        """Take the tokens this attempt reported, whatever its outcome, from the provider's
+        fleet-wide LLM-token bucket. Never fails the attempt."""
+        used = _reported_usage(outcome, attempt).get("total_tokens")
+        if not isinstance(used, int) or isinstance(used, bool) or used <= 0:
+            return
+        try:
+            await queries.provider_debit_tokens(
+                self.pool, self.clock.sql_now(), attempt.provider, tokens_per_minute, used
+            )
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self.metrics.role_errors.labels("worker").inc()
+            log.warning("provider.token_debit_failed", provider=attempt.provider,
+                        tokens=used, error=repr(exc))  # fmt: skip
 
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
@@ -351,12 +404,9 @@ class WorkerPool:
                 )
             started = time.monotonic()
             outcome = await self._call_executor(row, attempt)
+            if self.limiters[attempt.provider].fleet:
+                await self._report_to_fleet(row, attempt, outcome)
             submitted = self._settle(row, attempt, outcome, time.monotonic() - started)
-            if self.limiters[attempt.provider].fleet and attempt.stop is StopReason.NONE:
-                await self._report_to_breaker(
-                    attempt.provider, outcome, probe=row.id in self._probes
-                )
-            self._probes.discard(row.id)
         finally:
             self._executing -= 1
             if not submitted:
@@ -501,12 +551,10 @@ class WorkerPool:
         """The attempt's usage as its provider reported it (a result's, a failure's, or else
         what its agent steps reported before it stopped), with ``total_tokens`` and, when the
         server prices the provider, ``cost``; counted in the token and cost metrics."""
-        reported = outcome.usage if outcome is not None else None
-        usage: dict[str, Any] = dict(reported or attempt.usage)
+        usage = _reported_usage(outcome, attempt)
         if not usage:
             return None
         prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        usage.setdefault("total_tokens", prompt + completion)
         provider, prices = attempt.provider, self.prices
         model = prices.model(provider, row.model) or "default"
         for kind, count in (("prompt", prompt), ("completion", completion)):

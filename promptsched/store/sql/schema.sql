@@ -217,7 +217,7 @@ BEGIN
     RETURN written;
 END
 $$;
-CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer)
+CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -236,9 +236,17 @@ BEGIN
                    ELSE least(p_burst, b.tokens + p_rate * greatest(0.0,
                                 extract(epoch FROM now_ - b.updated_at)::double precision))
               END;
+    llm_tokens := CASE WHEN p_tpm IS NULL THEN NULL
+                       WHEN b.llm_tokens IS NULL THEN p_tpm / 60
+                       ELSE least(p_tpm / 60, b.llm_tokens + p_tpm / 60 * greatest(0.0,
+                                    extract(epoch FROM now_ - b.llm_updated_at)::double precision))
+                  END;
     allowed := least(p_want, p_max - running);
     IF tokens IS NOT NULL THEN
         allowed := least(allowed, floor(tokens + 1e-9)::integer);
+    END IF;
+    IF llm_tokens IS NOT NULL AND llm_tokens <= 0 THEN
+        allowed := 0;
     END IF;
     IF open_for > 0 THEN
         allowed := 0;
@@ -473,7 +481,9 @@ CREATE TABLE public.provider_buckets (
     updated_at timestamp with time zone,
     open_until timestamp with time zone,
     failures integer DEFAULT 0 NOT NULL,
-    reason text
+    reason text,
+    llm_tokens double precision,
+    llm_updated_at timestamp with time zone
 );
 CREATE TABLE public.runs (
     id bigint NOT NULL,

@@ -81,12 +81,14 @@ LEFT JOIN claimed c ON true;
 -- name: run_claim_limited
 -- run_claim_batch for a provider with fleet-wide limits (docs/providers.md), in one round trip:
 -- provider_admit takes the provider's advisory lock and says how many of the $3 wanted runs
--- its running runs ($6 at most), its rate bucket ($7 per second, burst $8) and its breaker
--- leave; the claim takes at most that many, and the bucket is written back less what it took.
--- The lock is held until this statement commits, so the next claimer counts these runs.
+-- its running runs ($6 at most), its rate bucket ($7 per second, burst $8), its LLM-token
+-- bucket ($9 tokens a minute) and its breaker leave; the claim takes at most that many, and
+-- the rate bucket is written back less what it took (the LLM tokens are debited when each
+-- attempt ends: provider_debit_tokens). The lock is held until this statement commits, so
+-- the next claimer counts these runs.
 WITH admit AS (
-    -- Takes the provider's advisory lock and reads its room (0009_provider_buckets.sql).
-    SELECT * FROM provider_admit($2, $3, $6, $7, $8, $1)
+    -- Takes the provider's advisory lock and reads its room (0014_provider_tokens.sql).
+    SELECT * FROM provider_admit($2, $3, $6, $7, $8, $9, $1)
 ), candidates AS (
     SELECT r.id
     FROM runs r
@@ -155,7 +157,7 @@ WITH admit AS (
            END AS claimable
 )
 SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for,
-       a.half_open, a.failures
+       a.half_open, a.failures, a.llm_tokens
 FROM seen
 CROSS JOIN admit a
 LEFT JOIN claimed c ON true;
@@ -446,6 +448,22 @@ SET failures = 0,
     open_until = CASE WHEN $2 THEN NULL ELSE open_until END,
     reason = CASE WHEN $2 THEN NULL ELSE reason END
 WHERE provider = $1 AND (failures > 0 OR ($2 AND open_until IS NOT NULL));
+
+-- name: provider_debit_tokens
+-- An attempt of a provider with a tokens-per-minute limit ($3) ended having used $4 tokens:
+-- its LLM-token bucket, refilled to now at $3 / 60 per second up to one second's worth, less
+-- those. It may go negative (the tokens were spent already); claims wait until it is positive
+-- again. One row update, so replicas' debits and claims never lose each other's writes.
+INSERT INTO provider_buckets AS b (provider, llm_tokens, llm_updated_at)
+VALUES ($2, $3::float8 / 60 - $4::float8, coalesce($1::timestamptz, clock_timestamp()))
+ON CONFLICT (provider) DO UPDATE
+SET llm_tokens = CASE
+        WHEN b.llm_tokens IS NULL THEN $3::float8 / 60
+        ELSE least($3::float8 / 60, b.llm_tokens + $3::float8 / 60 * greatest(0.0, extract(
+                 epoch FROM coalesce($1::timestamptz, clock_timestamp()) - b.llm_updated_at
+             )::float8))
+        END - $4::float8,
+    llm_updated_at = greatest(b.llm_updated_at, coalesce($1::timestamptz, clock_timestamp()));
 
 -- name: provider_cooling
 -- Providers whose breaker is open now, for the console.
