@@ -104,10 +104,16 @@ async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
             }  # fmt: skip
             async with http.post(f"{url}/v1/followups", json=body) as reply:
                 assert reply.status == 201, await reply.text()
+                created = await reply.json()
             # The same key and body again: the same follow-up, 200; another body: 409.
             async with http.post(f"{url}/v1/followups", json=body) as reply:
                 assert reply.status == 200
-                assert (await reply.json())["key"] == "order-4711-unshipped"
+                again = await reply.json()
+            assert (again["key"], again["schedule_id"], again["due_at"]) == (
+                "order-4711-unshipped",
+                created["schedule_id"],
+                created["due_at"],
+            )
             async with http.post(f"{url}/v1/followups", json={**body, "in": "2h"}) as reply:
                 assert reply.status == 409
                 assert "in differs" in (await reply.json())["error"]["message"]
@@ -168,6 +174,7 @@ async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
     assert far["checks"] == 1 and len(fake.prompts["far"]) == 1
     pending = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'pending'")
     assert pending == 0  # no chain left a check behind
+    assert await pool.fetchval("SELECT count(*) FROM schedules") == 3  # the 200 made none
 
 
 async def test_vars_are_checked_and_a_bad_request_stores_nothing(

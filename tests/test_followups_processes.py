@@ -58,10 +58,12 @@ async def test_a_thousand_keyed_followups_survive_a_sigkill(
     try:
         async with aiohttp.ClientSession(headers=who) as http:
             statuses: dict[str, list[int]] = {key: [] for key in keys}
+            schedules: dict[str, list[int]] = {key: [] for key in keys}
 
             async def create(key: str) -> None:
                 async with http.post(f"{url}/v1/followups", json=body(key)) as reply:
                     statuses[key].append(reply.status)
+                    schedules[key].append((await reply.json())["schedule_id"])
 
             await _each(keys, create)
             # Re-created keys are the same follow-ups (200), whoever asks twice.
@@ -78,6 +80,10 @@ async def test_a_thousand_keyed_followups_survive_a_sigkill(
         assert now < due - timedelta(seconds=1), "placing and cancelling took too long"
         assert all(s[0] == 201 for s in statuses.values())
         assert all(s[1] == 200 for k, s in statuses.items() if k in keys[::10])
+        # ... the same schedule back, not a second one.
+        assert all(len(ids) == 2 and ids[0] == ids[1] for k, ids in schedules.items()
+                   if k in keys[::10])  # fmt: skip
+        assert len({ids[0] for ids in schedules.values()}) == COUNT
         assert {tuple(s[-1:]) for k, s in statuses.items() if k in cancelled} == {(204,)}
 
         async def some_done() -> bool:

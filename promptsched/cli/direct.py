@@ -287,6 +287,13 @@ class DirectBackend:
             self.conn, owner or "default", key, actor=CLI_ACTOR, clock=self.clock
         )
 
+    async def list_followup_runs(
+        self, key: str, *, status: str | None, limit: int, owner: str | None
+    ) -> list[dict[str, Any]]:
+        return await followup_ops.runs(
+            self.conn, owner or "default", key, status, before_id=None, limit=limit
+        )
+
     async def list_followups(
         self, state: str | None, limit: int, owner: str | None
     ) -> list[dict[str, Any]]:

@@ -84,6 +84,8 @@ def _print(data: dict[str, Any]) -> None:
     print(f"first check:  {data['due_at']}")
     print(f"checks:       {data['checks_done']} of at most {data['max_checks']}, "
           f"none after {data['horizon']}")  # fmt: skip
+    if data.get("resolution"):
+        print(f"resolution:   {data['resolution']} (every check rounded up to a multiple)")
     if data.get("vars"):
         print(f"vars:         {json.dumps(data['vars'], ensure_ascii=False)}")
     if data.get("cancelled_at"):
@@ -165,7 +167,7 @@ def register(sub: Any) -> None:
     add.add_argument("--timeout", metavar="DUR")
     add.add_argument("--max-checks", type=int, metavar="N")
     add.add_argument("--horizon", help="no check after this: a duration after the first, or ISO")
-    add.add_argument("--resolution", metavar="DUR", help="round the first check up (15m)")
+    add.add_argument("--resolution", metavar="DUR", help="round every check up (15m)")
     add.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
     add.add_argument(
         "--escalate-email", action="append", metavar="ADDR",

@@ -313,6 +313,13 @@ class RemoteBackend:
         del owner
         await self.call("DELETE", f"/v1/followups/{quote(key, safe='')}")
 
+    async def list_followup_runs(
+        self, key: str, *, status: str | None, limit: int, owner: str | None
+    ) -> list[dict[str, Any]]:
+        del owner  # the token's owner
+        path = f"/v1/followups/{quote(key, safe='')}/runs"  # a 404 unless it is yours
+        return await self._pages(path, {"status": status}, limit)
+
     async def list_followups(
         self, state: str | None, limit: int, owner: str | None
     ) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from promptsched.cli.common import CliError, table
 from promptsched.cli.schedules import now_of
 from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
+from promptsched.ops import followups as followup_ops
 from promptsched.ops import schemas
 
 _COLUMNS = (
@@ -39,8 +40,19 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
     if not 1 <= args.limit <= 10_000:
         raise ValidationError("--limit", "must be between 1 and 10000")
 
+    if args.owner is not None and args.followup is None:
+        raise ValidationError("--owner", "give it with --followup (whose follow-up)")
+
     async def action(api: Backend) -> int:
-        data = await api.list_runs(schedule_id=args.schedule, status=args.status, limit=args.limit)
+        if args.followup is not None:
+            key = followup_ops.check_key(args.followup, "--followup")
+            data = await api.list_followup_runs(
+                key, status=args.status, limit=args.limit, owner=args.owner
+            )
+        else:
+            data = await api.list_runs(
+                schedule_id=args.schedule, status=args.status, limit=args.limit
+            )
         if args.json:
             print(json.dumps(data))
             return 0
@@ -147,7 +159,10 @@ def register(sub: Any) -> None:
     runs = sub.add_parser("runs", help="inspect runs")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_sub.add_parser("list", help="list runs, newest first")
-    runs_list.add_argument("--schedule", type=int)
+    whose = runs_list.add_mutually_exclusive_group()
+    whose.add_argument("--schedule", type=int, metavar="ID")
+    whose.add_argument("--followup", metavar="KEY", help="a follow-up's runs (its checks)")
+    runs_list.add_argument("--owner", help="whose --followup (direct mode only; default `default`)")
     runs_list.add_argument("--status", choices=schemas.RUN_STATUSES)
     runs_list.add_argument("--limit", type=int, default=100)
     runs_list.add_argument("--json", action="store_true")

@@ -16,7 +16,7 @@ import asyncpg
 from promptsched import netguard
 from promptsched.clock import Clock
 from promptsched.domain import RunStatus, ScheduleInput
-from promptsched.durations import parse_duration
+from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import NotFound, StateConflict, ValidationError
 from promptsched.executors import template
 from promptsched.ops import inputs, notify_targets, validate, views
@@ -49,6 +49,9 @@ class Followup:
     max_checks: int
     horizon: datetime
     escalate: list[dict[str, Any]]
+    # every check's instant is rounded up to a multiple of it: the first here, the next ones
+    # by followup_record (0015_followup_recheck_resolution.sql)
+    resolution: timedelta | None
 
 
 def check_key(key: object, field: str = "key") -> str:
@@ -89,7 +92,8 @@ def check_vars(raw: object, prompt: str) -> dict[str, Any]:
 
 
 def _rounded(instant: datetime, resolution: timedelta | None) -> datetime:
-    """``instant`` rounded up to the next multiple of ``resolution`` (from the Unix epoch)."""
+    """``instant`` rounded up to the next multiple of ``resolution`` (from the Unix epoch).
+    The first check's; followup_record rounds every next check the same way."""
     if not resolution:
         return instant
     step = resolution.total_seconds()
@@ -218,7 +222,7 @@ def check(
         webhook_allow=webhook_allow, tools=tools, template_vars=frozenset(variables),
     )  # fmt: skip
     values = ScheduleInput(**{**_fields(values), "vars": variables, "followup_key": key})
-    return Followup(key, values, due, max_checks, horizon, escalate)
+    return Followup(key, values, due, max_checks, horizon, escalate, resolution)
 
 
 def _fields(values: ScheduleInput) -> dict[str, Any]:
@@ -259,7 +263,7 @@ async def create(
             await queries.followup_insert(
                 conn, row.id, owner=owner, key=key, request=request, due_at=followup.due_at,
                 max_checks=followup.max_checks, horizon=followup.horizon,
-                escalate=followup.escalate,
+                escalate=followup.escalate, resolution=followup.resolution,
             )  # fmt: skip
     except asyncpg.UniqueViolationError:  # created meanwhile by a concurrent request
         existing = await queries.followup_get(conn, owner, key)
@@ -287,6 +291,19 @@ async def show(db: queries.DB, owner: str, key: str) -> dict[str, Any]:
     if found is None:
         raise NotFound("follow-up", key)
     return await show_record(db, found)
+
+
+async def runs(
+    db: queries.DB, owner: str, key: str, status: str | None, *, before_id: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """A page of the follow-up's runs (its checks, with their retries' attempts counted),
+    newest first, as ``runs list`` shows a schedule's; NotFound unless the key is the owner's."""
+    found = await queries.followup_get(db, owner, check_key(key))
+    if found is None:
+        raise NotFound("follow-up", key)
+    rows = await queries.run_list(db, schedule_id=found["schedule_id"], status=status,
+                                  owner=owner, before_id=before_id, limit=limit)  # fmt: skip
+    return [views.run(row) for row in rows]
 
 
 REASONS = {
@@ -335,6 +352,7 @@ async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
     runs = list(reversed(runs))
     request = found["request"]
     return {
+        "id": found["schedule_id"],  # a follow-up's id is its schedule's
         "key": found["key"],
         "schedule_id": found["schedule_id"],
         "owner": found["owner"],
@@ -343,6 +361,7 @@ async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
         "due_at": found["due_at"].isoformat(),
         "max_checks": found["max_checks"],
         "horizon": found["horizon"].isoformat(),
+        "resolution": format_duration(found["resolution"]) if found["resolution"] else None,
         "checks_done": found["checks"],
         "vars": found["vars"] or {},
         "prompt": found["prompt"],
@@ -383,6 +402,7 @@ async def cancel(conn: Conn, owner: str, key: str, *, actor: str, clock: Clock) 
 def summary(found: asyncpg.Record) -> dict[str, Any]:
     """A follow-up in a list: its key, state and where its checks stand."""
     return {
+        "id": found["schedule_id"],
         "key": found["key"],
         "schedule_id": found["schedule_id"],
         "state": found["state"],

@@ -391,7 +391,7 @@ COMPONENTS: dict[str, Schema] = {
             },
             "resolution": {
                 **DURATION,
-                "description": "round the first check up to a "
+                "description": "round every check up to a "
                 "multiple of this (15m): fire in batches at known instants",
             },
             "name": {"type": ["string", "null"], "maxLength": inputs.MAX_NAME},
@@ -400,9 +400,12 @@ COMPONENTS: dict[str, Schema] = {
         },
         ("key", "prompt"),
     ),
-    "Followup": {"type": "object", "required": ["key", "state", "checks", "runs"]},
+    "Followup": {
+        "type": "object",
+        "required": ["id", "key", "schedule_id", "state", "checks", "runs", "explanation"],
+    },
     "FollowupPage": _page("FollowupSummary"),
-    "FollowupSummary": {"type": "object", "required": ["key", "state", "schedule_id"]},
+    "FollowupSummary": {"type": "object", "required": ["id", "key", "state", "schedule_id"]},
     "Text": {"type": "string"},
     "ServerSentEvent": {
         "type": "object",

@@ -878,10 +878,11 @@ async def followup_insert(
     max_checks: int,
     horizon: datetime,
     escalate: Sequence[Mapping[str, Any]],
+    resolution: timedelta | None,
 ) -> None:
     await db.execute(
         _Q["followup_insert"], schedule_id, owner, key, dict(request), due_at, max_checks,
-        horizon, [dict(step) for step in escalate],
+        horizon, [dict(step) for step in escalate], resolution,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from promptsched.api.http import CURSOR, LIMIT, Call, Operation, Param, Reply, json_reply
-from promptsched.ops import followups, views
+from promptsched.ops import followups, schemas, views
 
 KEY_PARAM = Param(
     "key", "path", {"type": "string", "minLength": 1, "maxLength": 200}, required=True,
@@ -37,6 +37,16 @@ async def list_(call: Call) -> web.StreamResponse:
         before_id=int(cursor) if cursor else None, limit=limit + 1,
     )  # fmt: skip
     return json_reply(views.page(items, limit, key="schedule_id"))
+
+
+async def list_runs(call: Call) -> web.StreamResponse:
+    limit: int = call.params["limit"]
+    cursor = call.params["cursor"]
+    items = await followups.runs(
+        call.deps.pool, call.who.owner, call.params["key"], call.params["status"],
+        before_id=int(cursor) if cursor else None, limit=limit + 1,
+    )  # fmt: skip
+    return json_reply(views.page(items, limit))
 
 
 async def cancel(call: Call) -> web.StreamResponse:
@@ -71,6 +81,15 @@ OPERATIONS = (
     Operation(
         "GET", "/v1/followups/{key}", get, "getFollowup", "Get a follow-up by key",
         "followups", {"200": _FOLLOWUP, "404": _MISSING}, params=(KEY_PARAM,),
+    ),
+    Operation(
+        "GET", "/v1/followups/{key}/runs", list_runs, "listFollowupRuns",
+        "List a follow-up's runs by key", "followups",
+        {"200": Reply("one page of the follow-up's runs (its checks), newest first", "RunPage"),
+         "404": _MISSING},
+        params=(KEY_PARAM, Param("status", "query",
+                                 {"type": "string", "enum": list(schemas.RUN_STATUSES)}),
+                CURSOR, LIMIT),
     ),
     Operation(
         "DELETE", "/v1/followups/{key}", cancel, "cancelFollowup", "Cancel a follow-up by key",

@@ -96,7 +96,9 @@ DECLARE
     item record;
     f followups%ROWTYPE;
     number integer;
+    asked timestamptz;
     next_at timestamptz;
+    step numeric;
     outcome text;
     steps integer[];
     owed integer := 0;
@@ -114,17 +116,26 @@ BEGIN
             CONTINUE;
         END IF;
         number := f.checks + 1;
+        asked := NULL;
         next_at := NULL;
-        IF item.status = 'succeeded' AND item.decision IS NOT NULL THEN
-            next_at := coalesce((item.decision ->> 'recheck_at')::timestamptz,
-                                at + make_interval(secs => (item.decision ->> 'recheck_in')::float8));
+        IF item.status = 'succeeded' AND item.decision IS NOT NULL
+           AND NOT item.decision ? 'error' THEN
+            asked := coalesce((item.decision ->> 'recheck_at')::timestamptz,
+                              at + make_interval(secs => (item.decision ->> 'recheck_in')::float8));
+            next_at := asked;
+            IF f.resolution IS NOT NULL THEN
+                -- Up to the next multiple of the resolution (an instant on one stays).
+                step := extract(epoch FROM f.resolution);
+                next_at := to_timestamp((ceil(extract(epoch FROM asked) / step) * step)::float8);
+            END IF;
         END IF;
         outcome := CASE
             WHEN item.status = 'dead' THEN 'failed'
             WHEN item.status = 'cancelled' THEN 'cancelled'
             WHEN item.status <> 'succeeded' THEN item.status
+            WHEN item.decision ? 'error' THEN 'invalid'
             WHEN next_at IS NULL THEN 'done'
-            WHEN next_at < at THEN 'past'
+            WHEN asked < at THEN 'past'
             WHEN next_at > f.horizon THEN 'horizon'
             WHEN number >= f.max_checks THEN 'max_checks'
             ELSE 'recheck' END;
@@ -339,7 +350,9 @@ CREATE TABLE public.followups (
     cancelled_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    resolution interval,
     CONSTRAINT followups_max_checks_check CHECK (((max_checks >= 1) AND (max_checks <= 1000))),
+    CONSTRAINT followups_resolution_check CHECK (((resolution IS NULL) OR ((resolution >= '00:00:01'::interval) AND (resolution <= '1 day'::interval)))),
     CONSTRAINT followups_state_check CHECK ((state = ANY (ARRAY['active'::text, 'done'::text, 'ended'::text, 'cancelled'::text])))
 );
 CREATE TABLE public.leaders (

@@ -9,8 +9,9 @@ WHERE f.owner = $1 AND f.key = $2;
 SELECT * FROM followups WHERE owner = $1 AND key = $2 FOR UPDATE;
 
 -- name: followup_insert
-INSERT INTO followups (schedule_id, owner, key, request, due_at, max_checks, horizon, escalate)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO followups (schedule_id, owner, key, request, due_at, max_checks, horizon, escalate,
+                       resolution)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: followup_checks
 SELECT * FROM followup_checks WHERE schedule_id = $1 ORDER BY id;

@@ -229,7 +229,8 @@ WITH input AS (
     WHERE f.notice IS NOT NULL
 ), checked AS (
     -- A follow-up's check that ended records its decision, and writes the next check or
-    -- ends the follow-up (followup_record, 0012_followups.sql), in this same statement.
+    -- ends the follow-up (followup_record, 0012_followups.sql as replaced by
+    -- 0015_followup_recheck_resolution.sql), in this same statement.
     SELECT followup_record(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
                            array_agg(f.followup -> 'decision'),
                            coalesce($1::timestamptz, now())) AS written
