@@ -40,7 +40,7 @@ class DatabaseSettings:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
-    batch: int = 500
+    batch: int = 2000
     max_sleep: timedelta = timedelta(seconds=5)
     pipeline: int = 2
 
@@ -115,7 +115,7 @@ class Config:
     drain_grace: timedelta = timedelta(seconds=10)
     retry_base: timedelta = timedelta(seconds=2)
     retry_max: timedelta = timedelta(hours=1)
-    scheduler_batch: int = 500
+    scheduler_batch: int = 2000
     scheduler_max_sleep: timedelta = timedelta(seconds=5)
     worker_max_sleep: timedelta = timedelta(seconds=5)
     reaper_max_sleep: timedelta = timedelta(seconds=5)

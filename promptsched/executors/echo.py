@@ -62,14 +62,16 @@ class EchoExecutor:
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         params = request.params
-        latency = params.get("latency")
-        if latency:
-            await anyio.sleep(parse_duration(str(latency), field="latency").total_seconds())
-        fail_attempts = int(_float_param(params, "fail_attempts", 0))
-        fail_rate = _float_param(params, "fail_rate", 0.0)
-        failing = request.attempt <= fail_attempts or (
-            fail_rate > 0 and _fraction(request.run_id, request.attempt) < fail_rate
-        )
+        failing = False
+        if params:  # most echo schedules set none: no parsing per run
+            latency = params.get("latency")
+            if latency:
+                await anyio.sleep(parse_duration(str(latency), field="latency").total_seconds())
+            fail_attempts = int(_float_param(params, "fail_attempts", 0))
+            fail_rate = _float_param(params, "fail_rate", 0.0)
+            failing = request.attempt <= fail_attempts or (
+                fail_rate > 0 and _fraction(request.run_id, request.attempt) < fail_rate
+            )
         # Usage as a paid provider reports it, in words: the prompt was read even when the
         # attempt then fails, so a failed attempt reports its prompt tokens.
         prompt_tokens = len(request.prompt.split())

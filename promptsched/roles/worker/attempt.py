@@ -8,6 +8,7 @@ attempt can end is one line of a table test (tests/test_attempt.py).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from promptsched import budgets
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
@@ -29,8 +30,12 @@ def settle(
     retry_base: timedelta,
     retry_max: timedelta,
     jitter: float,
+    usage: dict[str, Any] | None = None,
 ) -> queries.Finish | None:
     """The attempt's final write; None when it must write nothing (its lease is gone).
+
+    ``usage`` is the attempt's usage as the worker accounted it (priced, whatever the
+    outcome); without it, a result's own usage is kept.
 
     In order of precedence: a lease lost (fenced) or handed back (released) writes nothing;
     a cancel asked for by the run's owner, or an attempt stopped without an outcome, ends the
@@ -47,6 +52,7 @@ def settle(
             RunStatus.CANCELLED,
             AttemptStatus.CANCELLED,
             error="cancelled while running",
+            usage=usage,
         )
     if isinstance(outcome, ExecutionResult):
         return queries.Finish(
@@ -55,7 +61,7 @@ def settle(
             RunStatus.SUCCEEDED,
             AttemptStatus.SUCCEEDED,
             output=outcome.output,
-            usage=dict(outcome.usage) if outcome.usage else None,
+            usage=usage if usage is not None else dict(outcome.usage) if outcome.usage else None,
         )
     decision = decide(
         retryable=outcome.retryable,
@@ -72,9 +78,15 @@ def settle(
             AttemptStatus.FAILED,
             error=outcome.message,
             retry_in=decision.delay,
+            usage=usage,
         )
     return queries.Finish(
-        run.id, run.attempt_id, RunStatus.DEAD, AttemptStatus.FAILED, error=outcome.message
+        run.id,
+        run.attempt_id,
+        RunStatus.DEAD,
+        AttemptStatus.FAILED,
+        error=outcome.message,
+        usage=usage,
     )
 
 

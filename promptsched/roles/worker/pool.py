@@ -515,6 +515,8 @@ class WorkerPool:
         duration: float,
     ) -> bool:
         """Queue the attempt's final write; False when it must write nothing."""
+        if attempt.stop.writes_nothing:
+            return False  # the lease is gone: this attempt writes nothing (nor counts usage)
         item = settle(
             row,
             attempt.stop,
@@ -522,13 +524,10 @@ class WorkerPool:
             retry_base=self.retry_base,
             retry_max=self.retry_max,
             jitter=random.random(),
+            usage=self._account(row, attempt, outcome),
         )
-        if item is None:
-            return False  # the lease is gone: this attempt writes nothing
+        assert item is not None  # settle writes nothing only for a lease that is gone
         provider = attempt.provider
-        usage = self._account(row, attempt, outcome)
-        if usage is not None:
-            item = dataclasses.replace(item, usage=usage)
         if row.followup_key is not None and isinstance(outcome, ExecutionResult):
             if item.status == RunStatus.SUCCEEDED:
                 found = decision.read(outcome.answer, outcome.output)

@@ -74,8 +74,12 @@ WITH candidates AS (
                           LIMIT $3) e)
            END AS claimable
 )
+-- The claim's commit does not wait for its WAL flush (docs/reliability.md, "Which commits
+-- wait"): a claim lost to a database crash was never acted on durably, since its attempt's
+-- finish, which does wait, flushes the WAL up to and past it.
 SELECT c.*, seen.claimable
 FROM seen
+CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick
 LEFT JOIN claimed c ON true;
 
 -- name: run_claim_limited
@@ -160,17 +164,25 @@ SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for
        a.half_open, a.failures, a.llm_tokens
 FROM seen
 CROSS JOIN admit a
+-- Commits without waiting for its WAL flush, as run_claim_batch.
+CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick
 LEFT JOIN claimed c ON true;
 
 
 -- name: run_heartbeat_many
 -- Renew the leases this process still holds. A run missing from the result was taken from
 -- us (reaped, released or finished by another attempt): the caller fences that attempt.
-UPDATE runs r
-SET lease_expires_at = coalesce($1::timestamptz, now()) + $4::interval
-FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
-WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
-RETURNING r.id, r.cancel_requested;
+-- A renewal does not wait for its WAL flush: one lost to a database crash only lets the
+-- lease end sooner, which is what a lease is for.
+WITH renewed AS (
+    UPDATE runs r
+    SET lease_expires_at = coalesce($1::timestamptz, now()) + $4::interval
+    FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
+    WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
+    RETURNING r.id, r.cancel_requested
+)
+SELECT renewed.* FROM renewed
+CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 
 -- name: run_finish_many
 -- Finalize a batch of attempts of worker $13, each guarded by its fencing token: a row missing

@@ -143,7 +143,11 @@ SELECT count(*) FILTER (WHERE status = 'pending')::int AS enqueued,
        (SELECT count(*) FROM cancelled)::int AS cancelled,
        (SELECT count(*) FROM signalled)::int AS signalled,
        (SELECT count(*) FROM woke)::int AS woken
-FROM inserted;
+FROM inserted
+-- The tick's commit does not wait for its WAL flush (docs/reliability.md, "Which commits
+-- wait"): a tick lost to a database crash leaves its cursors where they were, so the next
+-- tick writes the same slots again, and no run of it can have finished durably before it.
+CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 
 -- name: schedule_seconds_until_due
 -- The next instant the scheduler has work: a due cursor or a paused schedule to resume.
