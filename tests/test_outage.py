@@ -397,3 +397,96 @@ def test_the_chaos_checker_catches_a_slot_without_a_row() -> None:
         "schedule 1: row at 2026-03-02T09:00:03+00:00 stands for 1 missed slots, "
         "2 had no row before it"
     ]
+
+
+# --- a crash of Postgres itself loses the commits that do not wait ------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_postgres_crash_mid_drain_loses_no_run_and_doubles_no_finish(
+    own_postgres: EmbeddedPostgres, outage_db: str, tmp_path: Path
+) -> None:
+    """Claims, lease renewals and ticks commit without waiting for their WAL flush; an immediate
+    stop of the server (its WAL buffers are lost, as in a crash) mid-drain must still leave every
+    run finished exactly once, by the attempt its run row names, with every attempt a claim lost
+    fenced before it could write (docs/reliability.md, "Which commits wait")."""
+    dsn = outage_db
+    work = await _create(dsn, at="2099-01-01T00:00:00Z", params={"latency": "100ms"})
+    pool = await pools.create_pool(dsn, max_size=2)
+    try:
+        await pool.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+            "SELECT $1, now() + g * interval '1 millisecond', 'manual', 'echo', 5, now() "
+            "FROM generate_series(1, 400) g",
+            work.id,
+        )
+    finally:
+        await pool.close()
+    svc = Service(
+        dsn,
+        tmp_path / "svc.log",
+        env={"PROMPTSCHED_WORKERS": "16", "PROMPTSCHED_LOG_LEVEL": "debug"},
+    )
+    try:
+        await svc.ready()
+        probe = await pools.connect(dsn)
+        try:
+
+            async def some_done() -> bool:
+                done = await probe.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+                return bool(done >= 60)
+
+            await wait_until(some_done, timeout=30, what="the drain to be under way")
+        finally:
+            await probe.close()
+        await anyio.to_thread.run_sync(own_postgres.stop, "immediate")
+        await anyio.to_thread.run_sync(own_postgres.ensure_running)
+        pool = await pools.create_pool(dsn, max_size=2)
+        try:
+
+            async def drained() -> bool:
+                left = await pool.fetchval(
+                    "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
+                )
+                return left == 0
+
+            await wait_until(drained, timeout=90, what="every run to finish after the crash")
+            runs = await pool.fetch("SELECT id, status, attempt_id FROM runs ORDER BY id")
+            attempts = await pool.fetch(
+                "SELECT run_id, attempt_id, number, status FROM run_attempts "
+                "ORDER BY run_id, number"
+            )
+        finally:
+            await pool.close()
+        events = svc.events()
+    finally:
+        code = svc.stop()
+    assert code == 0
+    assert len(runs) == 400
+    assert {r["status"] for r in runs} == {"succeeded"}
+    by_run: dict[int, list[Any]] = {}
+    for a in attempts:
+        by_run.setdefault(a["run_id"], []).append(a)
+    for run in runs:
+        history = by_run[run["id"]]
+        # One succeeded attempt, the one its run row names, and it is the last.
+        assert [a["status"] for a in history].count("succeeded") == 1, history
+        assert history[-1]["attempt_id"] == run["attempt_id"], history
+        numbers = [a["number"] for a in history]
+        assert numbers == sorted(set(numbers)), history
+    # An attempt this process started that left no row at all had its claim lost in the
+    # crash: it wrote nothing, because its final write was rejected (fenced) or never reached
+    # the server (finalize_failed), and its run was claimed again.
+    recorded = {str(a["attempt_id"]) for a in attempts}
+    started = {e["attempt_id"] for e in events if e["event"] == "attempt.started"}
+    wrote_nothing = {
+        e["attempt_id"]
+        for e in events
+        if e["event"] in ("attempt.fenced", "attempt.finalize_failed")
+    }
+    assert started - recorded <= wrote_nothing, sorted(started - recorded - wrote_nothing)
+    # A finish waits for its flush: every success the process saw land is the one that stands.
+    landed = {(e["run_id"], e["attempt_id"]) for e in events if e["event"] == "run.succeeded"}
+    stands = {(r["id"], str(r["attempt_id"])) for r in runs}
+    assert landed <= stands, sorted(landed - stands)
