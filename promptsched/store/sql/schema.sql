@@ -268,6 +268,25 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+CREATE FUNCTION public.run_claimable_count(p_provider text, p_now timestamp with time zone, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN (SELECT count(*)::integer FROM (
+                SELECT 1
+                FROM runs r
+                WHERE r.status = 'pending'
+                  AND r.provider = p_provider
+                  AND r.available_at <= p_now
+                  AND (NOT r.serial OR NOT EXISTS (
+                        SELECT 1 FROM runs o
+                        WHERE o.schedule_id = r.schedule_id
+                          AND o.status IN ('pending', 'running')
+                          AND o.slot < r.slot))
+                ORDER BY r.available_at, r.id
+                LIMIT p_limit) e);
+END
+$$;
 CREATE TABLE public.api_tokens (
     id bigint NOT NULL,
     owner text NOT NULL,

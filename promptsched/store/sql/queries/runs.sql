@@ -56,22 +56,10 @@ WITH candidates AS (
               s.vars, s.followup_key
 ), seen AS (
     -- A full claim met no contention worth counting and skips the second read: CASE
-    -- evaluates its ELSE subquery (an InitPlan) only when it is reached. Keep the predicate
-    -- the same as the candidates' (runs_claim_idx, bounded by the LIMIT).
+    -- evaluates its ELSE branch only when it is reached. run_claimable_count
+    -- (0016_claimable_count.sql) repeats the candidates' predicate; keep the two the same.
     SELECT CASE WHEN (SELECT count(*) FROM claimed) >= $3 THEN $3::int
-                ELSE (SELECT count(*)::int FROM (
-                          SELECT 1
-                          FROM runs r
-                          WHERE r.status = 'pending'
-                            AND r.provider = $2
-                            AND r.available_at <= coalesce($1::timestamptz, now())
-                            AND (NOT r.serial OR NOT EXISTS (
-                                  SELECT 1 FROM runs o
-                                  WHERE o.schedule_id = r.schedule_id
-                                    AND o.status IN ('pending', 'running')
-                                    AND o.slot < r.slot))
-                          ORDER BY r.available_at, r.id
-                          LIMIT $3) e)
+                ELSE run_claimable_count($2, coalesce($1::timestamptz, now()), $3::integer)
            END AS claimable
 )
 -- The claim's commit does not wait for its WAL flush (docs/reliability.md, "Which commits
@@ -142,22 +130,10 @@ WITH admit AS (
         updated_at = greatest(provider_buckets.updated_at, excluded.updated_at)
 ), seen AS (
     -- A full claim met no contention worth counting and skips the second read: CASE
-    -- evaluates its ELSE subquery (an InitPlan) only when it is reached. Keep the predicate
-    -- the same as the candidates' (runs_claim_idx, bounded by the LIMIT).
+    -- evaluates its ELSE branch only when it is reached. run_claimable_count
+    -- (0016_claimable_count.sql) repeats the candidates' predicate; keep the two the same.
     SELECT CASE WHEN (SELECT count(*) FROM claimed) >= $3 THEN $3::int
-                ELSE (SELECT count(*)::int FROM (
-                          SELECT 1
-                          FROM runs r
-                          WHERE r.status = 'pending'
-                            AND r.provider = $2
-                            AND r.available_at <= coalesce($1::timestamptz, now())
-                            AND (NOT r.serial OR NOT EXISTS (
-                                  SELECT 1 FROM runs o
-                                  WHERE o.schedule_id = r.schedule_id
-                                    AND o.status IN ('pending', 'running')
-                                    AND o.slot < r.slot))
-                          ORDER BY r.available_at, r.id
-                          LIMIT $3) e)
+                ELSE run_claimable_count($2, coalesce($1::timestamptz, now()), $3::integer)
            END AS claimable
 )
 SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for,
