@@ -9,7 +9,9 @@ coordination in Postgres these tests see about three times the limit.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,28 @@ def _replicas(dsn: str, tmp_path: Path, env: dict[str, str], count: int = 3) -> 
     ]
 
 
+@contextlib.asynccontextmanager
+async def _drained_by_replicas(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, env: dict[str, str], runs: int
+) -> AsyncIterator[list[Service]]:
+    """Three replicas drain a rush of ``runs``; the block runs while they are still up."""
+    sid = await _schedule(pool)
+    replicas = _replicas(dsn, tmp_path, env)
+    try:
+        for replica in replicas:
+            await replica.ready()
+        await _rush(pool, sid, runs)
+
+        async def all_done() -> bool:
+            return await _succeeded(pool) == runs
+
+        await wait_until(all_done, timeout=60, what="every run")
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
 async def test_three_replicas_never_exceed_the_providers_concurrency(
     dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
 ) -> None:
@@ -117,20 +141,8 @@ async def test_three_replicas_share_the_providers_request_rate(
 ) -> None:
     rate, runs = 5, 40
     env = provider_env(fake.base_url, rate=str(rate), timeout="30s")
-    sid = await _schedule(pool)
-    replicas = _replicas(dsn, tmp_path, env)
-    try:
-        for replica in replicas:
-            await replica.ready()
-        await _rush(pool, sid, runs)
-
-        async def all_done() -> bool:
-            return await _succeeded(pool) == runs
-
-        await wait_until(all_done, timeout=60, what="every run")
-    finally:
-        for replica in replicas:
-            replica.stop()
+    async with _drained_by_replicas(dsn, pool, tmp_path, env, runs):
+        pass
     times = sorted(r.at for r in fake.requests)
     assert len(times) == runs
     # A token bucket of one second's worth (5) refilled at 5/s admits at most 5 + 5 * w in
@@ -156,22 +168,9 @@ async def test_three_replicas_share_the_providers_tokens_per_minute(
     env = provider_env(
         fake.base_url, tokens_per_minute=str(tpm), max_concurrency=str(in_flight), timeout="30s"
     )
-    sid = await _schedule(pool)
-    replicas = _replicas(dsn, tmp_path, env)
-    try:
-        for replica in replicas:
-            await replica.ready()
-        await _rush(pool, sid, runs)
-
-        async def all_done() -> bool:
-            return await _succeeded(pool) == runs
-
-        await wait_until(all_done, timeout=60, what="every run")
+    async with _drained_by_replicas(dsn, pool, tmp_path, env, runs) as replicas:
         held_back = [await _throttled(replica, "tokens") for replica in replicas]
-        assert sum(held_back) >= 1, held_back
-    finally:
-        for replica in replicas:
-            replica.stop()
+    assert sum(held_back) >= 1, held_back
     assert await pool.fetchval("SELECT sum(tokens) FROM runs") == runs * used
     times = sorted(r.at for r in fake.requests)
     assert len(times) == runs
