@@ -19,7 +19,7 @@ import pytest
 
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
-from promptsched.roles.worker import pool as worker_pool
+from promptsched.roles.worker import fleet as worker_fleet
 from promptsched.roles.worker.pool import WorkerPool
 from tests import factories
 from tests.factories import EPOCH
@@ -27,7 +27,7 @@ from tests.fakes import openai_server as fake_server
 from tests.helpers import wait_until
 from tests.test_providers_integration import PROVIDER, fake_schedule, fake_workers
 
-OPEN_FOR = timedelta(seconds=worker_pool.BREAKER_BASE)
+OPEN_FOR = timedelta(seconds=worker_fleet.BREAKER_BASE)
 CLOSED, HALF_OPEN, OPEN = 0, 1, 2
 
 

@@ -7,6 +7,9 @@
 - ``heartbeat``: the in-flight attempts (``InFlight`` with its one ``StopReason``, owned by
   ``InFlightAttempts``), one batched lease renewal for all of them, and the fence.
 - ``finalizer``: group commit of the attempts' final writes.
+- ``fleet``: a provider's fleet-wide limits as this process meets them: the limited claim,
+  the wait while they bind, and what each attempt reports to the provider's shared row
+  (tokens, breaker).
 - ``transcript``: an agent attempt's steps, written as they happen.
 """
 

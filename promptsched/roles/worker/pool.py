@@ -33,24 +33,18 @@ from promptsched.errors import (
 from promptsched.executors import decision, template
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry, Step
 from promptsched.executors.limiter import Limiter
-from promptsched.metrics import Metrics
+from promptsched.metrics import Children, Metrics
 from promptsched.roles import autopause
 from promptsched.roles.loop import Rush, Wakeup, run_forever
+from promptsched.roles.worker import fleet
 from promptsched.roles.worker.attempt import settle, skip_disabled, skip_over_budget
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.fleet import Fleet
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
-
-# The fleet's circuit breaker of a provider (docs/providers.md): a 429 with Retry-After opens it
-# for that long; otherwise BREAKER_FAILURES retryable failures in a row open it for
-# BREAKER_BASE seconds, doubling per further failure up to BREAKER_MAX.
-BREAKER_FAILURES = 5
-BREAKER_BASE = 30.0
-BREAKER_MAX = 300.0
-BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
 def _var_text(value: Any) -> str:
@@ -83,19 +77,6 @@ def _counting_usage(
         await record(step)
 
     return progress
-
-
-def _reported_usage(
-    outcome: ExecutionResult | ExecutorError | None, attempt: InFlight
-) -> dict[str, Any]:
-    """The attempt's usage as its provider reported it (a result's, a failure's, or else what
-    its agent steps reported before it stopped), with ``total_tokens``; empty when unknown."""
-    reported = outcome.usage if outcome is not None else None
-    usage: dict[str, Any] = dict(reported or attempt.usage)
-    if usage:
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        usage.setdefault("total_tokens", prompt + completion)
-    return usage
 
 
 def default_worker_id() -> str:
@@ -134,10 +115,6 @@ class WorkerPool:
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
-        self._fleet_waits: dict[str, float] = {}  # provider -> wait, while a fleet limit binds
-        self._breaker: dict[str, str] = {}  # provider -> its breaker as last read at a claim
-        self._failing: dict[str, bool] = {}  # provider -> failures counted at the last claim
-        self._probes: set[int] = set()  # runs claimed as a half-open breaker's probe
         # Attempts whose executor is running. An attempt whose final write is queued still
         # holds its lease (it stays in ``inflight``, heartbeats go on) but not a slot, so the
         # next claim overlaps the previous batch's write.
@@ -149,7 +126,8 @@ class WorkerPool:
         # Metric children resolved once: a label lookup per run adds up at thousands of runs/s.
         self._busy_gauge = metrics.worker_slots.labels("busy")
         self._idle_gauge = metrics.worker_slots.labels("idle")
-        self._children: dict[tuple[object, ...], Any] = {}
+        self._child = Children()
+        self.fleet = Fleet(pool, clock, metrics, self._child, self.limiters)
         self._update_slot_gauge()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -166,14 +144,6 @@ class WorkerPool:
         slots = self.rush.slots(self.slots)
         return min(slots - self._executing, 2 * slots - len(self.inflight))
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, looked up once per process."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
     # --- claiming -------------------------------------------------------------------------
 
     async def claim(self) -> int:
@@ -184,7 +154,7 @@ class WorkerPool:
             if want <= 0:
                 continue
             if limiter.fleet:
-                rows = await self._claim_within_fleet_limits(provider, limiter, want)
+                rows = await self.fleet.claim(provider, want, self.worker_id, self.heartbeat.lease)
             else:
                 rows = await queries.run_claim_batch(
                     self.pool,
@@ -214,121 +184,6 @@ class WorkerPool:
         self._update_slot_gauge()
         return started
 
-    async def _claim_within_fleet_limits(
-        self, provider: str, limiter: Limiter, want: int
-    ) -> queries.Claim:
-        """Claim at most what the provider's limits leave for the whole fleet: its running runs
-        (every replica's) below ``max_concurrency``, whole tokens of its shared rate bucket,
-        nothing while its breaker is open and one probe while half-open. One statement: it
-        takes the provider's advisory lock, so two replicas never both fill the last free
-        place (docs/providers.md)."""
-        claim = await queries.run_claim_limited(
-            self.pool, self.clock.sql_now(), provider, want, self.worker_id, self.heartbeat.lease,
-            max_concurrency=limiter.max_concurrency, rate=limiter.rate_per_second,
-            burst=limiter.burst, tokens_per_minute=limiter.tokens_per_minute,
-        )  # fmt: skip
-        room = claim.room
-        state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"
-        self._breaker[provider] = state
-        self._failing[provider] = room.failures > 0
-        self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
-        self._child(self.metrics.provider_in_flight, provider).set(room.running + len(claim))
-        if room.allowed <= 0:
-            reason = (
-                "open" if state == "open"
-                else "tokens" if room.llm_tokens is not None and room.llm_tokens <= 0
-                else "concurrency" if room.running >= limiter.max_concurrency
-                or state == "half_open" else "rate"
-            )  # fmt: skip
-            self._child(self.metrics.throttled_claims, provider, reason).inc()
-            self._fleet_waits[provider] = self._fleet_backoff(provider, limiter, room, reason)
-        else:
-            self._fleet_waits.pop(provider, None)
-        if state == "half_open":
-            self._probes.update(row.id for row in claim)
-        return claim
-
-    def _fleet_backoff(
-        self, provider: str, limiter: Limiter, room: queries.ProviderRoom, reason: str
-    ) -> float:
-        """How long to wait before asking a throttled provider again: until its breaker
-        half-opens, until its next rate token, until its LLM-token bucket is positive again, or
-        (when full) 50 ms doubling to 1 s, since another replica's finish does not wake this
-        one."""
-        if reason == "open":
-            return max(0.05, room.open_for)
-        if reason == "tokens" and room.llm_tokens is not None and limiter.tokens_per_minute:
-            return max(0.01, -room.llm_tokens / (limiter.tokens_per_minute / 60))
-        if reason == "rate" and limiter.rate_per_second is not None:
-            return max(0.01, 1.0 / limiter.rate_per_second)
-        return min(1.0, max(0.05, self._fleet_waits.get(provider, 0.0) * 2))
-
-    async def _report_to_fleet(
-        self, row: ClaimedRun, attempt: InFlight, outcome: ExecutionResult | ExecutorError | None
-    ) -> None:
-        """Tell the provider's fleet-wide row what this attempt met: the tokens it used, and
-        its success or failure for the breaker. Written before the attempt's final write, while
-        its run still counts as running, so every claim either counts the run in flight or sees
-        what it reported, never neither (a half-open breaker whose probe has finished but not
-        yet reported would let a second probe through)."""
-        probe = row.id in self._probes
-        self._probes.discard(row.id)
-        tokens_per_minute = self.limiters[attempt.provider].tokens_per_minute
-        if tokens_per_minute is not None:
-            await self._debit_tokens(attempt, outcome, tokens_per_minute)
-        if attempt.stop is StopReason.NONE:
-            await self._report_to_breaker(attempt.provider, outcome, probe=probe)
-
-    async def _report_to_breaker(
-        self, provider: str, outcome: ExecutionResult | ExecutorError | None, *, probe: bool
-    ) -> None:
-        """Tell the fleet's breaker of the provider what this attempt met: a 429 with
-        Retry-After opens it for every replica at once; other retryable failures open it after
-        BREAKER_FAILURES in a row; a success restarts the count, and a half-open probe's
-        success closes it. Never fails the attempt."""
-        try:
-            if isinstance(outcome, ExecutorError) and outcome.retryable:
-                until = await queries.provider_trip(
-                    self.pool, self.clock.sql_now(), provider, outcome.retry_after,
-                    threshold=BREAKER_FAILURES, base=BREAKER_BASE, cap=BREAKER_MAX,
-                )  # fmt: skip
-                if until is not None and self._breaker.get(provider) != "open":
-                    self._breaker[provider] = "open"
-                    gauge = self._child(self.metrics.provider_breaker, provider)
-                    gauge.set(BREAKER_STATES["open"])
-                    log.warning("provider.cooling_down", provider=provider,
-                                until=until.isoformat(), error=outcome.message)  # fmt: skip
-            elif isinstance(outcome, ExecutionResult) and (probe or self._failing.get(provider)):
-                await queries.provider_recover(self.pool, provider, probe=probe)
-                self._failing[provider] = False
-                if probe:
-                    self._breaker[provider] = "closed"
-                    gauge = self._child(self.metrics.provider_breaker, provider)
-                    gauge.set(BREAKER_STATES["closed"])
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            self.metrics.role_errors.labels("worker").inc()
-            log.warning("provider.breaker_write_failed", provider=provider, error=repr(exc))
-
-    async def _debit_tokens(
-        self,
-        attempt: InFlight,
-        outcome: ExecutionResult | ExecutorError | None,
-        tokens_per_minute: int,
-    ) -> None:
-        """Take the tokens this attempt reported, whatever its outcome, from the provider's
-        fleet-wide LLM-token bucket. Never fails the attempt."""
-        used = _reported_usage(outcome, attempt).get("total_tokens")
-        if not isinstance(used, int) or isinstance(used, bool) or used <= 0:
-            return
-        try:
-            await queries.provider_debit_tokens(
-                self.pool, self.clock.sql_now(), attempt.provider, tokens_per_minute, used
-            )
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            self.metrics.role_errors.labels("worker").inc()
-            log.warning("provider.token_debit_failed", provider=attempt.provider,
-                        tokens=used, error=repr(exc))  # fmt: skip
-
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
         by another claimer (SKIP LOCKED passed them over), whatever it got besides; a run
@@ -344,8 +199,8 @@ class WorkerPool:
         rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
         if not ready:
             return max(0.0, min([cap, *rate_waits]))
-        if self._fleet_waits:  # a fleet-wide limit held a provider's last claim back
-            cap = min(cap, *self._fleet_waits.values())
+        if self.fleet.waits:  # a fleet-wide limit held a provider's last claim back
+            cap = min(cap, *self.fleet.waits.values())
         ahead = await queries.run_seconds_until_available(self.pool, self.clock.sql_now(), ready)
         if ahead is not None and ahead <= 0:
             # Available work we could not claim: another replica holds it, or a serial run
@@ -405,7 +260,7 @@ class WorkerPool:
             started = time.monotonic()
             outcome = await self._call_executor(row, attempt)
             if self.limiters[attempt.provider].fleet:
-                await self._report_to_fleet(row, attempt, outcome)
+                await self.fleet.report(row, attempt, outcome)
             submitted = self._settle(row, attempt, outcome, time.monotonic() - started)
         finally:
             self._executing -= 1
@@ -550,7 +405,7 @@ class WorkerPool:
         """The attempt's usage as its provider reported it (a result's, a failure's, or else
         what its agent steps reported before it stopped), with ``total_tokens`` and, when the
         server prices the provider, ``cost``; counted in the token and cost metrics."""
-        usage = _reported_usage(outcome, attempt)
+        usage = fleet.reported_usage(outcome, attempt)
         if not usage:
             return None
         prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
