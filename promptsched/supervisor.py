@@ -122,7 +122,7 @@ class Supervisor:
         handlers: dict[str, Callable[[str | None], None]] = {}
         await tg.start(LoopProbe(self.metrics).run)  # every process, whatever its roles
         # The scheduler and the workers of one process share its cores: while the scheduler
-        # writes a rush, the workers hold back to a quarter of their slots (loop.Rush).
+        # writes a rush, the workers hold back to one slot (loop.Rush).
         rush = Rush()
         if "scheduler" in roles:
             scheduler = Scheduler(pool, self.clock, self.metrics, config.scheduler, rush=rush)

@@ -19,11 +19,12 @@ _TRANSIENT = (OSError, anyio.BrokenResourceError, TimeoutError)
 
 class Rush:
     """Whether this process's scheduler is writing a rush: a batch of due schedules came back
-    full, so more are due now. Its worker pool then claims with a quarter of its slots until
-    the rush is written, so on cores the two share, the rush's rows go first and the drain
-    follows (docs/performance.md). Other replicas' pools are not held back."""
+    full, so more are due now. Its worker pool then runs one attempt at a time until the rush
+    is written (the first runs still start at once), so on cores the two share, the rush's
+    rows go first and the drain follows (docs/performance.md). Other replicas' pools are not
+    held back."""
 
-    SHARE = 4  # a pool uses 1/SHARE of its slots during a rush (at least one)
+    SLOTS = 1  # what a pool may fill while its scheduler writes a rush
 
     def __init__(self) -> None:
         self.active = False
@@ -46,7 +47,7 @@ class Rush:
 
     def slots(self, slots: int) -> int:
         """The slots a pool of ``slots`` may fill now."""
-        return max(1, slots // self.SHARE) if self.active else slots
+        return min(slots, self.SLOTS) if self.active else slots
 
 
 class Wakeup:

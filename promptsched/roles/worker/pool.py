@@ -139,8 +139,8 @@ class WorkerPool:
 
     def _free_slots(self) -> int:
         # Queued final writes are bounded too: a database that stops answering must not let
-        # a process claim without end. While this process's scheduler writes a rush, a
-        # quarter of the slots (loop.Rush).
+        # a process claim without end. While this process's scheduler writes a rush, one
+        # slot (loop.Rush).
         slots = self.rush.slots(self.slots)
         return min(slots - self._executing, 2 * slots - len(self.inflight))
 
