@@ -7,6 +7,7 @@ attempt can end is one line of a table test (tests/test_attempt.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,18 @@ from promptsched.store import queries
 
 # What the executor produced: a result, an error, or None when it was stopped early.
 Outcome = ExecutionResult | ExecutorError | None
+
+
+def reported_usage(outcome: Outcome, agent_steps: Mapping[str, int]) -> dict[str, Any]:
+    """An attempt's usage as its provider reported it: its result's or its error's, or else
+    what its agent steps reported before it stopped (``agent_steps``), with ``total_tokens``;
+    empty when nothing was reported."""
+    reported = outcome.usage if outcome is not None else None
+    usage: dict[str, Any] = dict(reported or agent_steps)
+    if usage:
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        usage.setdefault("total_tokens", prompt + completion)
+    return usage
 
 
 def settle(

@@ -18,6 +18,7 @@ from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionResult
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Children, Metrics
+from promptsched.roles.worker.attempt import Outcome
 from promptsched.roles.worker.heartbeat import InFlight, StopReason
 from promptsched.store import queries
 
@@ -31,19 +32,6 @@ BREAKER_BASE = 30.0
 BREAKER_MAX = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 _WRITE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-Outcome = ExecutionResult | ExecutorError | None
-
-
-def reported_usage(outcome: Outcome, attempt: InFlight) -> dict[str, Any]:
-    """The attempt's usage as its provider reported it (a result's, a failure's, or else what
-    its agent steps reported before it stopped), with ``total_tokens``; empty when unknown."""
-    reported = outcome.usage if outcome is not None else None
-    usage: dict[str, Any] = dict(reported or attempt.usage)
-    if usage:
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        usage.setdefault("total_tokens", prompt + completion)
-    return usage
 
 
 class Fleet:
@@ -83,9 +71,8 @@ class Fleet:
         )  # fmt: skip
         room = claim.room
         state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"
-        self._breaker[provider] = state
+        self._set_breaker(provider, state)
         self._failing[provider] = room.failures > 0
-        self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
         self._child(self.metrics.provider_in_flight, provider).set(room.running + len(claim))
         if room.allowed <= 0:
             reason = (
@@ -117,8 +104,11 @@ class Fleet:
             return max(0.01, 1.0 / limiter.rate_per_second)
         return min(1.0, max(0.05, self.waits.get(provider, 0.0) * 2))
 
-    async def report(self, row: ClaimedRun, attempt: InFlight, outcome: Outcome) -> None:
-        """Tell the provider's fleet-wide row what this attempt met: the tokens it used, and
+    async def report(
+        self, row: ClaimedRun, attempt: InFlight, outcome: Outcome, usage: Mapping[str, Any]
+    ) -> None:
+        """Tell the provider's fleet-wide row what this attempt met: the tokens it used
+        (``usage``, as its provider reported it), and
         its success or failure for the breaker. Written before the attempt's final write, while
         its run still counts as running, so every claim either counts the run in flight or sees
         what it reported, never neither (a half-open breaker whose probe has finished but not
@@ -127,7 +117,7 @@ class Fleet:
         self._probes.discard(row.id)
         tokens_per_minute = self.limiters[attempt.provider].tokens_per_minute
         if tokens_per_minute is not None:
-            await self._debit_tokens(attempt, outcome, tokens_per_minute)
+            await self._debit_tokens(attempt.provider, usage, tokens_per_minute)
         if attempt.stop is StopReason.NONE:
             await self._report_to_breaker(attempt.provider, outcome, probe=probe)
 
@@ -160,18 +150,18 @@ class Fleet:
         self._child(self.metrics.provider_breaker, provider).set(BREAKER_STATES[state])
 
     async def _debit_tokens(
-        self, attempt: InFlight, outcome: Outcome, tokens_per_minute: int
+        self, provider: str, usage: Mapping[str, Any], tokens_per_minute: int
     ) -> None:
-        """Take the tokens this attempt reported, whatever its outcome, from the provider's
+        """Take the tokens an attempt reported, whatever its outcome, from the provider's
         fleet-wide LLM-token bucket. Never fails the attempt."""
-        used = reported_usage(outcome, attempt).get("total_tokens")
+        used = usage.get("total_tokens")
         if not isinstance(used, int) or isinstance(used, bool) or used <= 0:
             return
         try:
             await queries.provider_debit_tokens(
-                self.pool, self.clock.sql_now(), attempt.provider, tokens_per_minute, used
+                self.pool, self.clock.sql_now(), provider, tokens_per_minute, used
             )
         except _WRITE_ERRORS as exc:
             self.metrics.role_errors.labels("worker").inc()
-            log.warning("provider.token_debit_failed", provider=attempt.provider,
+            log.warning("provider.token_debit_failed", provider=provider,
                         tokens=used, error=repr(exc))  # fmt: skip

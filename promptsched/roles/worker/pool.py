@@ -36,8 +36,12 @@ from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Children, Metrics
 from promptsched.roles import autopause
 from promptsched.roles.loop import Rush, Wakeup, run_forever
-from promptsched.roles.worker import fleet
-from promptsched.roles.worker.attempt import settle, skip_disabled, skip_over_budget
+from promptsched.roles.worker.attempt import (
+    reported_usage,
+    settle,
+    skip_disabled,
+    skip_over_budget,
+)
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.fleet import Fleet
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
@@ -259,9 +263,11 @@ class WorkerPool:
                 )
             started = time.monotonic()
             outcome = await self._call_executor(row, attempt)
+            duration = time.monotonic() - started
+            usage = reported_usage(outcome, attempt.usage)
             if self.limiters[attempt.provider].fleet:
-                await self.fleet.report(row, attempt, outcome)
-            submitted = self._settle(row, attempt, outcome, time.monotonic() - started)
+                await self.fleet.report(row, attempt, outcome, usage)
+            submitted = self._settle(row, attempt, outcome, usage, duration)
         finally:
             self._executing -= 1
             if not submitted:
@@ -367,6 +373,7 @@ class WorkerPool:
         row: ClaimedRun,
         attempt: InFlight,
         outcome: ExecutionResult | ExecutorError | None,
+        usage: dict[str, Any],
         duration: float,
     ) -> bool:
         """Queue the attempt's final write; False when it must write nothing."""
@@ -379,7 +386,7 @@ class WorkerPool:
             retry_base=self.retry_base,
             retry_max=self.retry_max,
             jitter=random.random(),
-            usage=self._account(row, attempt, outcome),
+            usage=self._account(row, attempt.provider, usage),
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
         provider = attempt.provider
@@ -400,16 +407,14 @@ class WorkerPool:
         return self._finish(attempt, row, item)
 
     def _account(
-        self, row: ClaimedRun, attempt: InFlight, outcome: ExecutionResult | ExecutorError | None
+        self, row: ClaimedRun, provider: str, usage: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """The attempt's usage as its provider reported it (a result's, a failure's, or else
-        what its agent steps reported before it stopped), with ``total_tokens`` and, when the
-        server prices the provider, ``cost``; counted in the token and cost metrics."""
-        usage = fleet.reported_usage(outcome, attempt)
+        """The attempt's reported usage (``reported_usage``) with, when the server prices the
+        provider, its ``cost``; counted in the token and cost metrics. None when empty."""
         if not usage:
             return None
         prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        provider, prices = attempt.provider, self.prices
+        prices = self.prices
         model = prices.model(provider, row.model) or "default"
         for kind, count in (("prompt", prompt), ("completion", completion)):
             if count:
