@@ -415,6 +415,11 @@ async def test_a_postgres_crash_mid_drain_loses_no_run_and_doubles_no_finish(
     work = await _create(dsn, at="2099-01-01T00:00:00Z", params={"latency": "100ms"})
     pool = await pools.create_pool(dsn, max_size=2)
     try:
+        # This module's server runs with synchronous_commit off (a throwaway test server); as
+        # deployments run, this database's commits wait unless a statement says otherwise.
+        # (fsync stays off: an immediate stop loses what is not yet written, not what is.)
+        name = await pool.fetchval("SELECT current_database()")
+        await pool.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
         await pool.execute(
             "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
             "SELECT $1, now() + g * interval '1 millisecond', 'manual', 'echo', 5, now() "
