@@ -243,3 +243,32 @@ async def test_an_agent_runs_final_output_decides_the_next_check(
     assert [r.json["messages"][0]["content"] for r in fake.requests] == [
         "Has order 7 shipped? Look at the tracking page."
     ] * 3
+
+
+async def test_racing_creates_of_one_key_make_one_followup(pool: asyncpg.Pool[Any]) -> None:
+    """Twenty requests for the same key at once (and the same key for another owner): one
+    201 per owner, the rest 200 with that follow-up, and one schedule and one followups row
+    per owner. The followups table's (owner, key) index is the one promise behind it
+    (migration 0017 dropped the schedules copy)."""
+    body = {"key": "order-9", "in": "1h", "prompt": "Has order {{ order }} shipped?",
+            "vars": {"order": 9}}  # fmt: skip
+    async with api_support.client(pool, clock=FrozenClock(T0)) as api:
+        shop, other = await api.token("shop"), await api.token("other")
+        replies: list[api_support.Reply] = []
+
+        async def create(who: dict[str, str]) -> None:
+            replies.append(await api.post("/v1/followups", who, json=body))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(create, shop if i % 4 else other)
+    assert sorted(r.status for r in replies) == [200] * 18 + [201, 201], [
+        (r.status, r.body) for r in replies
+    ]
+    by_owner = {(r.body["owner"], r.body["schedule_id"]) for r in replies}
+    assert len(by_owner) == 2 and {owner for owner, _ in by_owner} == {"shop", "other"}
+    counts = await pool.fetchrow(
+        "SELECT (SELECT count(*) FROM schedules) AS schedules, "
+        "(SELECT count(*) FROM followups) AS followups"
+    )
+    assert (counts["schedules"], counts["followups"]) == (2, 2)

@@ -139,6 +139,9 @@ async def test_claim_and_due_queries_use_their_indexes(
         plan = await _plan(conn, due, None, 500, 0)
         assert "schedules_due_idx" in plan, plan
         assert "Seq Scan on schedules" not in plan, plan
+        # The scheduler's sleep reads the earliest cursor from the same partial index.
+        plan = await _plan(conn, sqlfiles.queries()["schedule_seconds_until_due"], None)
+        assert "schedules_due_idx" in plan, plan
 
 
 async def _schedule_with_runs(conn: Any, count: int, *, origin: str, status: str) -> int:

@@ -665,8 +665,7 @@ CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (re
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
-CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE enabled;
-CREATE UNIQUE INDEX schedules_followup_key ON public.schedules USING btree (owner, followup_key) WHERE (followup_key IS NOT NULL);
+CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE (enabled AND (next_fire_at IS NOT NULL));
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
 ALTER TABLE ONLY public.attempt_steps

@@ -152,7 +152,8 @@ CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 -- name: schedule_seconds_until_due
 -- The next instant the scheduler has work: a due cursor or a paused schedule to resume.
 SELECT extract(epoch FROM (least(
-           (SELECT min(next_fire_at) FROM schedules WHERE enabled),
+           (SELECT min(next_fire_at) FROM schedules
+            WHERE enabled AND next_fire_at IS NOT NULL),
            (SELECT min(paused_until) FROM schedules WHERE NOT enabled))
        - coalesce($1::timestamptz, now())))::float8;
 
