@@ -154,7 +154,9 @@ class DueBatch(list[DueGroup]):
 
 async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int = 0) -> DueBatch:
     """Lock up to ``limit`` due schedules: one row per group that plans alike, with its ids.
-    ``held``: due schedules this process's own other batches hold now (not contention)."""
+    ``held``: due schedules this process's own other batches hold now (not contention). Run
+    it inside the batch's transaction: the take is planned afresh for each batch there."""
+    await db.execute(_Q["schedule_plan_fresh"])
     found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
     claimable: int = found[0]["claimable"] if found else 0
     return DueBatch([_due_group(row) for row in found if row["ids"] is not None], claimable)

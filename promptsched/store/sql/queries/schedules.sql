@@ -11,6 +11,15 @@ RETURNING *;
 -- name: schedule_get
 SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 
+-- name: schedule_plan_fresh
+-- Run first in a batch's transaction: the take below is planned for this execution, never
+-- from a plan cached while the tables were small. A generic plan built while `runs` held a
+-- few hundred rows probes unfinished runs with a sequential scan that compares each row with
+-- the batch's whole id array; when a rush then writes 100,000 rows, each take costs seconds
+-- instead of milliseconds (docs/performance.md, "Plans that outgrow their tables").
+-- Transaction-local, so it holds behind a transaction pooler and leaves no session state.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
+
 -- name: schedule_take_due
 -- Lock up to $2 due schedules in cursor order; SKIP LOCKED lets several schedulers share the
 -- work without waiting on each other (walks schedules_due_idx). NO KEY UPDATE is the lock the
