@@ -158,6 +158,7 @@ async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int 
     it inside the batch's transaction: the take is planned afresh for each batch there."""
     await db.execute(_Q["schedule_plan_fresh"])
     found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
+    await db.execute(_Q["schedule_plan_cached"])
     claimable: int = found[0]["claimable"] if found else 0
     return DueBatch([_due_group(row) for row in found if row["ids"] is not None], claimable)
 

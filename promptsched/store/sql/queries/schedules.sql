@@ -17,8 +17,13 @@ SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 -- few hundred rows probes unfinished runs with a sequential scan that compares each row with
 -- the batch's whole id array; when a rush then writes 100,000 rows, each take costs seconds
 -- instead of milliseconds (docs/performance.md, "Plans that outgrow their tables").
--- Transaction-local, so it holds behind a transaction pooler and leaves no session state.
+-- Transaction-local, so it holds behind a transaction pooler and leaves no session state;
+-- schedule_plan_cached sets it back for the tick, whose cached plan is the better one (a
+-- custom plan sees the batch's 5,000 ids and joins them to schedules with a full scan).
 SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
+
+-- name: schedule_plan_cached
+SET LOCAL plan_cache_mode TO DEFAULT;
 
 -- name: schedule_take_due
 -- Lock up to $2 due schedules in cursor order; SKIP LOCKED lets several schedulers share the
