@@ -1,17 +1,23 @@
 """Plans that outgrow their tables (docs/performance.md): a scheduler's take is planned afresh
 for every batch, never run from a generic plan cached while `runs` was small. Such a plan
 probed unfinished runs with a sequential scan that compares every row with the batch's id
-array, so a take cost seconds once a rush had written 100,000 runs."""
+array, so a take cost seconds once a rush had written 100,000 runs. And a rush that outgrows
+the statistics of `runs` analyzes it, so that every session's cached claim and finish plans
+are made again for the table the rush filled (migration 0018)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
 
 from promptsched.clock import FrozenClock
 from promptsched.config import SchedulerSettings
 from promptsched.metrics import Metrics
-from promptsched.roles.scheduler import Scheduler
+from promptsched.roles.scheduler import ANALYZE_AFTER, Scheduler
 from promptsched.store import pool as pools
+from promptsched.store import queries
 
 T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 
@@ -40,3 +46,93 @@ async def test_every_take_is_planned_for_its_batch(dsn: str) -> None:
     assert plans is not None
     # Without the fresh planning this reads (8, 5): a generic plan from the sixth batch on.
     assert (plans["generic_plans"], plans["custom_plans"]) == (0, 13), dict(plans)
+
+
+async def _claim_plan(workers: asyncpg.Pool[Any]) -> str:
+    """The plan the worker's connection would run its next 16-run claim with: the cached
+    generic one, when Postgres settled on it."""
+    async with workers.acquire() as conn:
+        name = await conn.fetchval(
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- Lock up to%' "
+            "AND statement NOT LIKE '%pg_prepared_statements%'"
+        )
+        assert name is not None, "the claim was never prepared on this connection"
+        rows = await conn.fetch(
+            f"EXPLAIN EXECUTE {name}('{T0.isoformat()}', 'echo', 16, 'w', '30 seconds')"
+        )
+    return "\n".join(row[0] for row in rows)
+
+
+async def test_a_rush_that_outgrows_the_statistics_of_runs_has_every_session_plan_again(
+    dsn: str,
+) -> None:
+    # The worker's one connection, and the scheduler's own pool: another session, as in a
+    # service (or another replica) whose claims were cached before the rush.
+    workers = await pools.create_pool(dsn, min_size=1, max_size=1)
+    scheduling = await pools.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        sid = await workers.fetchval(
+            "INSERT INTO schedules (name, kind, expression, prompt) "
+            "VALUES ('manual', 'cron', '0 9 * * 1', 'p') RETURNING id"
+        )
+        await workers.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+            "SELECT $1, $2::timestamptz - g * interval '1 minute', 'manual', 'echo', 3, $2 "
+            "FROM generate_series(1, 20) g",
+            sid,
+            T0,
+        )
+        await workers.execute("VACUUM ANALYZE runs")  # a nearly empty `runs`, analyzed
+        for _ in range(15):  # past the five custom plans: a generic one, made for 20 rows
+            claim = await queries.run_claim_batch(workers, T0, "echo", 1, "w", timedelta(30))
+            finish = [queries.Finish(r.id, r.attempt_id, "succeeded", "succeeded") for r in claim]
+            assert await queries.run_finish_many(workers, T0, finish, "w")
+        assert "Seq Scan on runs" in await _claim_plan(workers)  # what the rush must not keep
+
+        await scheduling.execute(
+            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
+            "SELECT 'r' || g, 'cron', '0 9 * * *', 'p', $1 FROM generate_series(1, $2) g",
+            T0,
+            ANALYZE_AFTER + 1_000,
+        )
+        scheduler = Scheduler(scheduling, FrozenClock(T0), Metrics())
+        assert (await scheduler.run_once()).enqueued == ANALYZE_AFTER + 1_000
+
+        plan = await _claim_plan(workers)
+        assert "Seq Scan on runs" not in plan, plan
+        assert "runs_claim_idx" in plan, plan
+    finally:
+        await workers.close()
+        await scheduling.close()
+
+
+async def test_a_rush_the_statistics_already_cover_analyzes_nothing(dsn: str) -> None:
+    pool = await pools.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        await pool.execute(
+            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
+            "SELECT 'r' || g, 'cron', '0 9 * * *', 'p', $1 FROM generate_series(1, $2) g",
+            T0,
+            ANALYZE_AFTER,
+        )
+        # `runs` held 20,000 rows when last analyzed (a table with history)
+        await pool.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, status) "
+            "SELECT (SELECT min(id) FROM schedules), $1::timestamptz - g * interval '1 minute', "
+            "'manual', 'echo', 3, 'succeeded' FROM generate_series(1, 20000) g",
+            T0,
+        )
+        await pool.execute("ANALYZE runs")
+        before = await pool.fetchval(
+            "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'runs'"
+        )
+        assert (await Scheduler(pool, FrozenClock(T0), Metrics()).run_once()).enqueued == (
+            ANALYZE_AFTER
+        )
+        assert await queries.run_analyze_outgrown(pool, ANALYZE_AFTER) == 20_000
+        after = await pool.fetchval(
+            "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'runs'"
+        )
+    finally:
+        await pool.close()
+    assert after == before

@@ -560,6 +560,13 @@ async def run_reap_expired(
     return [ReapedRun(**{**row, "status": RunStatus(row["status"])}) for row in rows]
 
 
+async def run_analyze_outgrown(db: DB, written: int) -> float:
+    """Analyze ``runs`` when its statistics know fewer rows than a rush has just written
+    (``runs_analyze_outgrown``, migration 0018); the row count they knew before."""
+    known: float = await db.fetchval(_Q["run_analyze_outgrown"], written)
+    return known
+
+
 async def run_seconds_until_available(
     db: DB, now: datetime | None, providers: Sequence[str]
 ) -> float | None:

@@ -287,6 +287,19 @@ BEGIN
                 LIMIT p_limit) e);
 END
 $$;
+CREATE FUNCTION public.runs_analyze_outgrown(p_written bigint) RETURNS real
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    known real;
+BEGIN
+    SELECT c.reltuples INTO known FROM pg_class c WHERE c.oid = 'runs'::regclass;
+    IF known < p_written THEN
+        ANALYZE (SKIP_LOCKED) runs;
+    END IF;
+    RETURN known;
+END
+$$;
 CREATE TABLE public.api_tokens (
     id bigint NOT NULL,
     owner text NOT NULL,

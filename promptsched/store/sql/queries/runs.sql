@@ -325,6 +325,11 @@ WHERE status = 'pending' AND provider = ANY($2::text[]);
 -- name: run_notify_ready
 SELECT pg_notify('promptsched_runs', $1::text);
 
+-- name: run_analyze_outgrown
+-- A rush has written $1 run rows: analyze runs if its statistics know fewer (0018); the row
+-- count they knew before.
+SELECT runs_analyze_outgrown($1)::float8;
+
 -- name: run_list
 SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
        r.attempts, r.max_attempts, r.error, r.output, r.available_at, r.created_at,
