@@ -216,12 +216,19 @@ CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statu
 DECLARE
     written integer;
 BEGIN
+    WITH channels AS MATERIALIZED (
+        SELECT c.*
+        FROM notify_channels c
+        WHERE c.schedule_id = ANY (ARRAY(
+            SELECT s.id FROM schedules s
+            WHERE s.id = ANY (schedule_ids) AND s.notify <> '{}'::jsonb))
+    )
     INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
                         available_at, created_at)
     SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
            format('promptsched-%s-%s-%s', f.id, f.status, c.channel), at, at
     FROM unnest(run_ids, schedule_ids, statuses) AS f (id, schedule_id, status)
-    JOIN notify_channels c ON c.schedule_id = f.schedule_id
+    JOIN channels c ON c.schedule_id = f.schedule_id
     WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
     ON CONFLICT (idempotency_key) DO NOTHING;
     GET DIAGNOSTICS written = ROW_COUNT;
