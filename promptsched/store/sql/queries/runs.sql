@@ -9,6 +9,10 @@
 -- unfinished here, so two claimers never start two serial runs of one schedule.
 -- The update reaches the locked candidates through the primary key, as one array: joined to
 -- them instead, a large claim from a mid-sized table read the whole runs table into a hash.
+-- The candidates' LIMIT is the claim's size class, $3 rounded up to a power of two: the
+-- wrapper (queries._claim_sql) writes it in, so each class keeps a generic plan instead of
+-- being planned at every claim. The candidates are read lazily: the update's LIMIT $3 bounds
+-- both what is claimed and what is locked.
 -- Contention is measured in the same round trip: `claimable` is how many runs the claim
 -- could have taken had no other claimer held any (the same predicate, read from the
 -- statement's snapshot without SKIP LOCKED, capped at $3), so claimable - claimed rows were
@@ -26,7 +30,7 @@ WITH candidates AS (
             WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
               AND o.slot < r.slot))
     ORDER BY r.available_at, r.id
-    LIMIT $3
+    LIMIT $3 /* size class */
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE runs r
@@ -39,7 +43,7 @@ WITH candidates AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now())),
         attempt_started_at = coalesce($1::timestamptz, now())
     FROM schedules s
-    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
+    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates LIMIT $3)) AND s.id = r.schedule_id
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
     -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
@@ -77,7 +81,9 @@ LEFT JOIN claimed c ON true;
 -- bucket ($9 tokens a minute) and its breaker leave; the claim takes at most that many, and
 -- the rate bucket is written back less what it took (the LLM tokens are debited when each
 -- attempt ends: provider_debit_tokens). The lock is held until this statement commits, so
--- the next claimer counts these runs.
+-- the next claimer counts these runs. The candidates' LIMIT is the size class of $3, as in
+-- run_claim_batch; the update takes what provider_admit allowed of them (no more than $3),
+-- and since the candidates are read lazily, only those are locked.
 WITH admit AS (
     -- Takes the provider's advisory lock and reads its room (0014_provider_tokens.sql).
     SELECT * FROM provider_admit($2, $3, $6, $7, $8, $9, $1)
@@ -92,7 +98,7 @@ WITH admit AS (
             WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
               AND o.slot < r.slot))
     ORDER BY r.available_at, r.id
-    LIMIT (SELECT allowed FROM admit)
+    LIMIT $3 /* size class */
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE runs r
@@ -105,7 +111,7 @@ WITH admit AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now())),
         attempt_started_at = coalesce($1::timestamptz, now())
     FROM schedules s
-    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.id = r.schedule_id
+    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates LIMIT (SELECT allowed FROM admit))) AND s.id = r.schedule_id
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
     -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
