@@ -101,11 +101,8 @@ async def _rush(
     if await conn.fetchval("SELECT now() > $1::timestamptz - interval '2 seconds'", slot):
         raise RuntimeError("w2: the setup ran past the slot; the fan-out would be misread")
     label = ("keyed_" if keyed else "") + ("analyzed" if analyze else "stale")
-    process = Process(
-        dsn,
-        workdir / f"w2-{label}.log",
-        {"PROMPTSCHED_WORKERS": "64", "PROMPTSCHED_SCHEDULER_BATCH": "5000"},
-    )
+    # The scheduler's own defaults (batches of 2,000, two in flight): the rush users run.
+    process = Process(dsn, workdir / f"w2-{label}.log", {"PROMPTSCHED_WORKERS": "64"})
     try:
         # Both probes are index lookups: counting 100,000 rows every few milliseconds would
         # take a core from the rush it measures. A schedule's cursor moves in the transaction

@@ -43,6 +43,9 @@ class SchedulerSettings:
     batch: int = 2000
     max_sleep: timedelta = timedelta(seconds=5)
     pipeline: int = 2
+    # The batches after a full one, while a rush lasts (never fewer than ``batch``): a tick's
+    # first batch stays small so the rush's first runs start soon, the rest go in larger ones.
+    rush_batch: int = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class Config:
     retry_base: timedelta = timedelta(seconds=2)
     retry_max: timedelta = timedelta(hours=1)
     scheduler_batch: int = 2000
+    scheduler_rush_batch: int = 5000
     scheduler_max_sleep: timedelta = timedelta(seconds=5)
     worker_max_sleep: timedelta = timedelta(seconds=5)
     reaper_max_sleep: timedelta = timedelta(seconds=5)
@@ -229,7 +233,11 @@ class Config:
 
     @property
     def scheduler(self) -> SchedulerSettings:
-        return SchedulerSettings(batch=self.scheduler_batch, max_sleep=self.scheduler_max_sleep)
+        return SchedulerSettings(
+            batch=self.scheduler_batch,
+            max_sleep=self.scheduler_max_sleep,
+            rush_batch=self.scheduler_rush_batch,
+        )
 
     @property
     def worker(self) -> WorkerSettings:
@@ -355,6 +363,7 @@ _PARSERS: dict[str, Any] = {
     "retry_base": _duration,
     "retry_max": _duration,
     "scheduler_batch": _int,
+    "scheduler_rush_batch": _int,
     "scheduler_max_sleep": _duration,
     "worker_max_sleep": _duration,
     "reaper_max_sleep": _duration,

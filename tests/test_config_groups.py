@@ -52,6 +52,7 @@ def test_each_variable_reaches_its_roles_group(tmp_path: Path) -> None:
         "PROMPTSCHED_RETRY_MAX": "9m",
         "PROMPTSCHED_WORKER_MAX_SLEEP": "6s",
         "PROMPTSCHED_SCHEDULER_BATCH": "50",
+        "PROMPTSCHED_SCHEDULER_RUSH_BATCH": "80",
         "PROMPTSCHED_SCHEDULER_MAX_SLEEP": "2s",
         "PROMPTSCHED_REAPER_MAX_SLEEP": "8s",
         "PROMPTSCHED_RETENTION": "0",
@@ -72,7 +73,7 @@ def test_each_variable_reaches_its_roles_group(tmp_path: Path) -> None:
         statement_cache_size=0,
         data_dir=tmp_path / "data",
     )
-    assert loaded.scheduler == SchedulerSettings(batch=50, max_sleep=2 * S)
+    assert loaded.scheduler == SchedulerSettings(batch=50, max_sleep=2 * S, rush_batch=80)
     assert loaded.worker == WorkerSettings(
         slots=7,
         worker_id="w-1",

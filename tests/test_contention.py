@@ -120,7 +120,7 @@ async def test_pipelined_batches_of_one_scheduler_are_not_contention(
         await factories.schedule(pool, expression="* * * * *", next_fire_at=EPOCH)
     metrics = Metrics()
     counts = await Scheduler(
-        pool, clock, metrics, SchedulerSettings(batch=10, pipeline=2)
+        pool, clock, metrics, SchedulerSettings(batch=10, pipeline=2, rush_batch=10)
     ).run_once()
     assert counts.schedules == 25
     assert metrics.scheduler_batches.labels("contended")._value.get() == 0

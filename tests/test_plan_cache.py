@@ -33,7 +33,8 @@ async def test_every_take_is_planned_for_its_batch(dsn: str) -> None:
             T0,
         )
         await pool.execute("VACUUM ANALYZE runs")  # `runs` is empty: a small table's plan
-        scheduler = Scheduler(pool, FrozenClock(T0), Metrics(), SchedulerSettings(batch=5))
+        settings = SchedulerSettings(batch=5, rush_batch=5)
+        scheduler = Scheduler(pool, FrozenClock(T0), Metrics(), settings)
         # Twelve batches of five, one slot each: past the five custom plans after which
         # Postgres may settle on a generic one.
         assert (await scheduler.run_once()).enqueued == 60

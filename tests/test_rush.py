@@ -29,12 +29,12 @@ async def test_a_full_batch_is_a_rush_until_every_due_slot_is_written(
     ended: list[bool] = []
     rush.on_end(lambda: ended.append(rush.active))
     seen: list[bool] = []
-    scheduler = Scheduler(pool, FrozenClock(EPOCH), Metrics(), SchedulerSettings(batch=10),
-                          rush=rush)  # fmt: skip
+    settings = SchedulerSettings(batch=10, rush_batch=10)
+    scheduler = Scheduler(pool, FrozenClock(EPOCH), Metrics(), settings, rush=rush)
     write = scheduler._tick_batch
 
-    async def watched(more: Any) -> Any:
-        counts = await write(more)
+    async def watched(size: int, more: Any) -> Any:
+        counts = await write(size, more)
         seen.append(rush.active)
         return counts
 

@@ -32,7 +32,9 @@ T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 def _scheduler(
     pool: asyncpg.Pool[Any], clock: FrozenClock, metrics: Metrics | None = None, batch: int = 500
 ) -> Scheduler:
-    return Scheduler(pool, clock, metrics or Metrics(), SchedulerSettings(batch=batch))
+    # Every batch of the same size, unless a test is about the rush's larger ones.
+    settings = SchedulerSettings(batch=batch, rush_batch=batch)
+    return Scheduler(pool, clock, metrics or Metrics(), settings)
 
 
 async def _create(pool: asyncpg.Pool[Any], clock: FrozenClock, **raw: Any) -> int:
@@ -509,7 +511,7 @@ async def test_batches_write_what_the_per_schedule_functions_plan(
     clock.set(now)
     metrics = Metrics()
     counts = await Scheduler(
-        pool, clock, metrics, SchedulerSettings(batch=7, pipeline=pipeline)
+        pool, clock, metrics, SchedulerSettings(batch=7, pipeline=pipeline, rush_batch=7)
     ).run_once()
 
     written = await pool.fetch(
@@ -697,6 +699,34 @@ async def test_a_full_batch_starts_the_next_one_while_it_writes(
     assert metrics.ticks.labels("enqueued")._value.get() == 25
     rows = await pool.fetch("SELECT schedule_id, slot FROM runs")
     assert sorted(r["schedule_id"] for r in rows) == sorted(ids)
+
+
+async def test_the_batches_after_a_full_one_take_the_rush_batch(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick's first batch is small, so a rush's first runs are written soon; once one comes
+    back full, the rest of the rush goes in batches of ``rush_batch``."""
+    clock = FrozenClock(T0 - timedelta(seconds=1))
+    ids = [await _create(pool, clock, cron="* * * * *") for _ in range(45)]
+    clock.set(T0)
+    limits: list[int] = []
+    real_take = queries.schedule_take_due
+
+    async def take(conn: Any, now: Any, limit: int, held: int) -> Any:
+        limits.append(limit)
+        return await real_take(conn, now, limit, held)
+
+    monkeypatch.setattr(queries, "schedule_take_due", take)
+    settings = SchedulerSettings(batch=10, rush_batch=20, pipeline=1)
+    counts = await Scheduler(pool, clock, Metrics(), settings).run_once()
+    # 10, then 20 and 15 of the rest: the last came back short and ended the rush.
+    assert limits == [10, 20, 20]
+    assert (counts.schedules, counts.enqueued) == (45, 45)
+    rows = await pool.fetch("SELECT schedule_id FROM runs")
+    assert sorted(r["schedule_id"] for r in rows) == sorted(ids)
+    # A quiet tick takes the small batch only.
+    assert (await Scheduler(pool, clock, Metrics(), settings).run_once()).schedules == 0
+    assert limits == [10, 20, 20, 10]
 
 
 @pytest.mark.parametrize("level", ["debug", "info"])

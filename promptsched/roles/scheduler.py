@@ -186,6 +186,7 @@ class Scheduler:
         self.clock = clock
         self.metrics = metrics
         self.batch = settings.batch
+        self.rush_batch = max(settings.batch, settings.rush_batch)
         self.max_sleep = settings.max_sleep
         self.pipeline = max(1, settings.pipeline)
         self.wakeup = Wakeup()
@@ -203,16 +204,20 @@ class Scheduler:
         A full batch means more may be due: the next one starts on another connection as soon
         as this one holds its schedules' locks, so in a rush up to ``pipeline`` batches write at
         once. SKIP LOCKED keeps them apart, as it keeps replicas apart. A quiet tick runs one
-        batch and nothing more.
+        batch and nothing more. The first batch takes ``batch`` schedules, so a rush's first
+        runs are written (and start) soon; the batches after a full one take ``rush_batch``,
+        fewer and larger transactions for the rest of it (docs/performance.md).
         """
         total = TickCounts()
         slots = anyio.Semaphore(self.pipeline)
         check_at = ANALYZE_AFTER  # rows written when the statistics are checked; 0: checked
 
-        async def batch(tg: TaskGroup) -> None:
+        async def batch(tg: TaskGroup, size: int) -> None:
             nonlocal check_at
             async with slots:
-                counts = await self._tick_batch(lambda: tg.start_soon(batch, tg))
+                counts = await self._tick_batch(
+                    size, lambda: tg.start_soon(batch, tg, self.rush_batch)
+                )
             total.schedules += counts.schedules
             total.enqueued += counts.enqueued
             total.skipped += counts.skipped
@@ -225,7 +230,7 @@ class Scheduler:
 
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(batch, tg)
+                tg.start_soon(batch, tg, self.batch)
         except BaseExceptionGroup as group:
             # Each batch is its own transaction: one that failed rolled back alone and its
             # schedules stay due. Callers see the error itself, not a task-group wrapper.
@@ -236,13 +241,13 @@ class Scheduler:
             self.rush.end()  # written (or failed): the workers use every slot again
         return total
 
-    async def _tick_batch(self, more: Callable[[], object]) -> TickCounts:
+    async def _tick_batch(self, size: int, more: Callable[[], object]) -> TickCounts:
         now = self.clock.sql_now()
         batch = _Batch()
         taken = 0
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                due = await queries.schedule_take_due(conn, now, self.batch, self._held)
+                due = await queries.schedule_take_due(conn, now, size, self._held)
                 taken = due.taken
                 self._held += taken
                 self._count_take(due)
@@ -252,7 +257,7 @@ class Scheduler:
                         batch.add_group(group)
                     except ValidationError as exc:  # one unreadable schedule must not stop
                         await self._pause_unplannable(conn, group.ids, exc)  # the rest
-                if taken >= self.batch:
+                if taken >= size:
                     self.rush.begin()  # more is due now: this process's workers hold back
                     more()
                 if not batch.schedules:
