@@ -84,9 +84,8 @@ async def _rush(
     if analyze:
         await conn.execute("ANALYZE")
     baseline = min([await _baseline(conn, size, analyze) for _ in range(3)])
-    await _settle(conn, analyze)
     # Every schedule is due at T, a few seconds ahead; the service is idle until then (the
-    # slot's update is vacuumed and checkpointed away first, see _settle).
+    # last baseline and the slot's update are vacuumed and checkpointed away first, _settle).
     slot = await conn.fetchval("SELECT date_trunc('second', now()) + interval '8 seconds'")
     # A cron (seconds first) that fires at exactly that second, once a year (the cursor must
     # be one of the expression's fire times); a follow-up's one instant.
@@ -101,7 +100,8 @@ async def _rush(
     if await conn.fetchval("SELECT now() > $1::timestamptz - interval '2 seconds'", slot):
         raise RuntimeError("w2: the setup ran past the slot; the fan-out would be misread")
     label = ("keyed_" if keyed else "") + ("analyzed" if analyze else "stale")
-    # The scheduler's own defaults (batches of 2,000, two in flight): the rush users run.
+    # The scheduler's own defaults (a first batch of 2,000, then 5,000 while the rush lasts,
+    # two in flight): the rush users run.
     process = Process(dsn, workdir / f"w2-{label}.log", {"PROMPTSCHED_WORKERS": "64"})
     try:
         # Both probes are index lookups: counting 100,000 rows every few milliseconds would

@@ -23,15 +23,36 @@ from promptsched.store import queries
 T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 
 
+async def _due(pool: asyncpg.Pool[Any], schedules: int) -> None:
+    """``schedules`` cron schedules, every one due at T0."""
+    await pool.execute(
+        "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
+        "SELECT 's' || g, 'cron', '* * * * *', 'p', $1 FROM generate_series(1, $2) g",
+        T0,
+        schedules,
+    )
+
+
+async def _backlog(pool: asyncpg.Pool[Any], runs: int) -> None:
+    await pool.execute(
+        "INSERT INTO schedules (name, kind, expression, prompt) "
+        "VALUES ('w', 'cron', '0 9 * * 1', 'p')"
+    )
+    await pool.execute(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+        "SELECT (SELECT min(id) FROM schedules), $1::timestamptz - g * interval '1 second', "
+        "'manual', 'echo', 3, $1 FROM generate_series(1, $2) g",
+        T0,
+        runs,
+    )
+    await pool.execute("ANALYZE runs")
+
+
 async def test_every_take_is_planned_for_its_batch(dsn: str) -> None:
     # One pooled connection, so every batch runs (and caches its statements) on it.
     pool = await pools.create_pool(dsn, min_size=1, max_size=1)
     try:
-        await pool.execute(
-            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
-            "SELECT 's' || g, 'cron', '* * * * *', 'p', $1 FROM generate_series(1, 60) g",
-            T0,
-        )
+        await _due(pool, 60)
         await pool.execute("VACUUM ANALYZE runs")  # `runs` is empty: a small table's plan
         settings = SchedulerSettings(batch=5, rush_batch=5)
         scheduler = Scheduler(pool, FrozenClock(T0), Metrics(), settings)
@@ -73,30 +94,14 @@ async def test_a_rush_that_outgrows_the_statistics_of_runs_has_every_session_pla
     workers = await pools.create_pool(dsn, min_size=1, max_size=1)
     scheduling = await pools.create_pool(dsn, min_size=1, max_size=3)
     try:
-        sid = await workers.fetchval(
-            "INSERT INTO schedules (name, kind, expression, prompt) "
-            "VALUES ('manual', 'cron', '0 9 * * 1', 'p') RETURNING id"
-        )
-        await workers.execute(
-            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
-            "SELECT $1, $2::timestamptz - g * interval '1 minute', 'manual', 'echo', 3, $2 "
-            "FROM generate_series(1, 20) g",
-            sid,
-            T0,
-        )
-        await workers.execute("VACUUM ANALYZE runs")  # a nearly empty `runs`, analyzed
+        await _backlog(workers, 20)  # a nearly empty `runs`, analyzed
         for _ in range(15):  # past the five custom plans: a generic one, made for 20 rows
             claim = await queries.run_claim_batch(workers, T0, "echo", 1, "w", timedelta(30))
             finish = [queries.Finish(r.id, r.attempt_id, "succeeded", "succeeded") for r in claim]
             assert await queries.run_finish_many(workers, T0, finish, "w")
         assert "Seq Scan on runs" in await _claim_plan(workers)  # what the rush must not keep
 
-        await scheduling.execute(
-            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
-            "SELECT 'r' || g, 'cron', '0 9 * * *', 'p', $1 FROM generate_series(1, $2) g",
-            T0,
-            ANALYZE_AFTER + 1_000,
-        )
+        await _due(scheduling, ANALYZE_AFTER + 1_000)
         scheduler = Scheduler(scheduling, FrozenClock(T0), Metrics())
         assert (await scheduler.run_once()).enqueued == ANALYZE_AFTER + 1_000
 
@@ -111,12 +116,7 @@ async def test_a_rush_that_outgrows_the_statistics_of_runs_has_every_session_pla
 async def test_a_rush_the_statistics_already_cover_analyzes_nothing(dsn: str) -> None:
     pool = await pools.create_pool(dsn, min_size=1, max_size=3)
     try:
-        await pool.execute(
-            "INSERT INTO schedules (name, kind, expression, prompt, next_fire_at) "
-            "SELECT 'r' || g, 'cron', '0 9 * * *', 'p', $1 FROM generate_series(1, $2) g",
-            T0,
-            ANALYZE_AFTER,
-        )
+        await _due(pool, ANALYZE_AFTER)
         # `runs` held 20,000 rows when last analyzed (a table with history)
         await pool.execute(
             "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, status) "
@@ -138,21 +138,6 @@ async def test_a_rush_the_statistics_already_cover_analyzes_nothing(dsn: str) ->
     finally:
         await pool.close()
     assert after == before
-
-
-async def _backlog(pool: asyncpg.Pool[Any], runs: int) -> None:
-    await pool.execute(
-        "INSERT INTO schedules (name, kind, expression, prompt) "
-        "VALUES ('w', 'cron', '0 9 * * 1', 'p')"
-    )
-    await pool.execute(
-        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
-        "SELECT (SELECT min(id) FROM schedules), $1::timestamptz - g * interval '1 second', "
-        "'manual', 'echo', 3, $1 FROM generate_series(1, $2) g",
-        T0,
-        runs,
-    )
-    await pool.execute("ANALYZE runs")
 
 
 async def test_a_claim_keeps_a_generic_plan_for_its_size_class(dsn: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
@@ -415,8 +416,14 @@ def _claim_sql(text: str, limit: int) -> str:
     the text, each size class is its own prepared statement and keeps a generic plan, a
     handful per connection (1, 2, 4, ... up to the slots). The candidates are read lazily, so
     the update's own LIMIT $3 also bounds what is locked (docs/performance.md, "Planning")."""
-    size = 1 << max(0, limit - 1).bit_length()
-    return text.replace(_SIZE_CLASS, f"LIMIT {size}", 1)
+    return _sized_claim(text, 1 << max(0, limit - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=64)
+def _sized_claim(text: str, size: int) -> str:
+    """Written once per statement and size class, not at every claim."""
+    assert text.count(_SIZE_CLASS) == 1, "a claim statement without its size-class LIMIT"
+    return text.replace(_SIZE_CLASS, f"LIMIT {size}")
 
 
 async def run_claim_batch(

@@ -111,7 +111,8 @@ WITH admit AS (
         started_at = coalesce(r.started_at, coalesce($1::timestamptz, now())),
         attempt_started_at = coalesce($1::timestamptz, now())
     FROM schedules s
-    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates LIMIT (SELECT allowed FROM admit))) AND s.id = r.schedule_id
+    WHERE r.id = ANY (ARRAY(SELECT id FROM candidates LIMIT (SELECT allowed FROM admit)))
+      AND s.id = r.schedule_id
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
     -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
