@@ -14,6 +14,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
+from promptsched import heap
 from promptsched.api import app as api_app
 from promptsched.clock import Clock
 from promptsched.config import Config
@@ -89,6 +90,9 @@ class Supervisor:
                 await migrate.check(conn)
             if applied:
                 log.info("migrations.applied", versions=applied)
+            # Everything startup built so far lives as long as the process: no collection
+            # walks it again, and the young generation holds more runs' objects (heap.py).
+            frozen = heap.settle()
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async with anyio.create_task_group() as tg:
                     await self._start_roles(tg, pool, registry, limiters)
@@ -98,6 +102,7 @@ class Supervisor:
                         roles=list(config.roles),
                         workers=config.workers,
                         worker_id=self.worker_id,
+                        heap_frozen=frozen,
                     )
                     async for signum in signals:
                         log.info("supervisor.stopping", signal=signal.Signals(signum).name)

@@ -200,3 +200,50 @@ async def test_retries_and_dead_letters_with_echo_failure_injection(
     dead = await run_row(pool, doomed)
     assert (dead["status"], dead["attempts"]) == ("dead", 2)
     assert dead["error"] == "echo: injected failure on attempt 2"
+
+
+async def _gc_collections(service: Service) -> dict[str, float]:
+    """python_gc_collections_total per generation, as /metrics exports it."""
+    port = service.has_event("api.listening")["port"]  # type: ignore[index]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            text = await response.text()
+    prefix = 'python_gc_collections_total{generation="'
+    return {
+        line[len(prefix)]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+async def test_a_drain_leaves_the_startup_heap_to_itself(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path
+) -> None:
+    """Startup's objects are frozen and the young generation is large (promptsched/heap.py):
+    3,000 runs on 64 slots take a few young collections and no older one. CPython's default
+    thresholds take 80-90 young collections and 7 older ones for as many runs."""
+    service = Service(dsn, tmp_path / "svc.log", env={"PROMPTSCHED_WORKERS": "64"})
+    try:
+        ready = await service.ready()
+        assert ready["heap_frozen"] > 10_000, ready
+        sid = await factories.schedule(pool, next_fire_at=None)
+        await pool.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts) "
+            "SELECT $1, now() - g * interval '1 second', 'manual', 'echo', 1 "
+            "FROM generate_series(1, 3000) g",
+            sid,
+        )
+        before = await _gc_collections(service)
+        await pool.execute("SELECT pg_notify('promptsched_runs', 'test')")
+
+        async def drained() -> bool:
+            return not await pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
+            )
+
+        await wait_until(drained, timeout=60, what="3,000 runs to finish")
+        after = await _gc_collections(service)
+    finally:
+        service.stop()
+    assert after["0"] - before["0"] < 20, (before, after)
+    assert (after["1"], after["2"]) == (before["1"], before["2"]), (before, after)
