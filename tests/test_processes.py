@@ -29,12 +29,17 @@ async def _manual_run(pool: asyncpg.Pool[Any], **schedule: Any) -> int:
     return await factories.pending_run(pool, sid, await pool.fetchval("SELECT now()"), "manual")
 
 
-async def _metric(service: Service, name: str) -> float:
-    """The sum of every series of ``name`` (all its label values)."""
+async def _scrape(service: Service) -> str:
+    """The service's /metrics, as a scraper reads it."""
     port = service.has_event("api.listening")["port"]  # type: ignore[index]
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
-            text = await response.text()
+            return await response.text()
+
+
+async def _metric(service: Service, name: str) -> float:
+    """The sum of every series of ``name`` (all its label values)."""
+    text = await _scrape(service)
     found = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -204,10 +209,7 @@ async def test_retries_and_dead_letters_with_echo_failure_injection(
 
 async def _gc_collections(service: Service) -> dict[str, float]:
     """python_gc_collections_total per generation, as /metrics exports it."""
-    port = service.has_event("api.listening")["port"]  # type: ignore[index]
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
-            text = await response.text()
+    text = await _scrape(service)
     prefix = 'python_gc_collections_total{generation="'
     return {
         line[len(prefix)]: float(line.rsplit(" ", 1)[1])
@@ -235,13 +237,7 @@ async def test_a_drain_leaves_the_startup_heap_to_itself(
         )
         before = await _gc_collections(service)
         await pool.execute("SELECT pg_notify('promptsched_runs', 'test')")
-
-        async def drained() -> bool:
-            return not await pool.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('pending', 'running'))"
-            )
-
-        await wait_until(drained, timeout=60, what="3,000 runs to finish")
+        await wait_until(lambda: runs_settled(pool), timeout=60, what="3,000 runs to finish")
         after = await _gc_collections(service)
     finally:
         service.stop()

@@ -210,10 +210,10 @@ class Scheduler:
         """
         total = TickCounts()
         slots = anyio.Semaphore(self.pipeline)
-        check_at = ANALYZE_AFTER  # rows written when the statistics are checked; 0: checked
+        checked = False  # whether this rush has asked if it outgrew the statistics of `runs`
 
         async def batch(tg: TaskGroup, size: int) -> None:
-            nonlocal check_at
+            nonlocal checked
             async with slots:
                 counts = await self._tick_batch(
                     size, lambda: tg.start_soon(batch, tg, self.rush_batch)
@@ -224,8 +224,8 @@ class Scheduler:
             total.duplicates += counts.duplicates
             total.dropped.update(counts.dropped)
             written = total.enqueued + total.skipped
-            if check_at and written >= check_at:
-                check_at = 0
+            if not checked and written >= ANALYZE_AFTER:
+                checked = True
                 tg.start_soon(self._analyze_if_outgrown, written)
 
         try:
