@@ -153,13 +153,23 @@ class DueBatch(list[DueGroup]):
         return max(0, self.claimable - self.taken)
 
 
+async def schedule_plan_fresh(db: DB) -> None:
+    """Plan the next statements of this transaction for their own parameters (see the SQL)."""
+    await db.execute(_Q["schedule_plan_fresh"])
+
+
+async def schedule_plan_cached(db: DB) -> None:
+    """Back to cached plans for the rest of this transaction."""
+    await db.execute(_Q["schedule_plan_cached"])
+
+
 async def schedule_take_due(db: DB, now: datetime | None, limit: int, held: int = 0) -> DueBatch:
     """Lock up to ``limit`` due schedules: one row per group that plans alike, with its ids.
     ``held``: due schedules this process's own other batches hold now (not contention). Run
     it inside the batch's transaction: the take is planned afresh for each batch there."""
-    await db.execute(_Q["schedule_plan_fresh"])
+    await schedule_plan_fresh(db)
     found = await db.fetch(_Q["schedule_take_due"], now, limit, held)
-    await db.execute(_Q["schedule_plan_cached"])
+    await schedule_plan_cached(db)
     claimable: int = found[0]["claimable"] if found else 0
     return DueBatch([_due_group(row) for row in found if row["ids"] is not None], claimable)
 
