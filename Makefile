@@ -20,6 +20,9 @@ BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
 # `make test` installs Debian's where apt-get exists, elsewhere set PROMPTSCHED_PGBOUNCER.
 PGBOUNCER      ?= /usr/sbin/pgbouncer
 PGBOUNCER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),pgbouncer-deps)
+# Test processes (pytest-xdist): most tests wait on real services, leases and signals rather
+# than on the CPU, so three share two cores well. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 3
 
 .PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps
 
@@ -46,7 +49,7 @@ run: install-run
 	$(BIN)/promptsched run $(ARGS)
 
 test: install $(BROWSER_DEPS) $(PGBOUNCER_DEPS)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 browser-deps:
 	@if [ -x $(CHROMIUM) ] && [ -x $(CHROMEDRIVER) ]; then exit 0; fi; \
@@ -69,7 +72,7 @@ pgbouncer-deps:
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer
 
 test-fast: install
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check promptsched tests bench

@@ -37,18 +37,21 @@ def data_dir() -> Iterator[Path]:
 def postmasters(pgdata: Path) -> list[int]:
     """Pids of every Postgres postmaster serving ``pgdata`` (from /proc, not from the data
     directory: an orphan is found whoever started it)."""
-    found = []
+    found: dict[int, int] = {}  # pid: parent pid
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            # The parent is the field after the command's closing parenthesis.
+            parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if argv[0].endswith(b"/postgres") and b"-D" in argv:
             if argv[argv.index(b"-D") + 1] == str(pgdata).encode():
-                found.append(int(entry.name))
-    return found
+                found[int(entry.name)] = parent
+    # A backend the postmaster has just forked carries its argv until it sets its title.
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def _env(data_dir: Path) -> dict[str, str]:
