@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from aiohttp import web
 
 from promptsched.clock import FrozenClock
 from promptsched.metrics import Metrics
+from promptsched.ops import followups as followup_ops
 from promptsched.roles.retention import Retention
 from promptsched.web import auth
 from tests import api_support
@@ -221,6 +222,32 @@ async def test_vars_are_checked_and_a_bad_request_stores_nothing(
     listed = await api.get("/v1/followups?state=cancelled", who)
     assert [f["key"] for f in listed.body["items"]] == ["k-1"]
     json.dumps(listed.body)
+
+
+class _TickingClock(FrozenClock):
+    """Every read of the clock is 2 ms after the one before, as a request's reads are."""
+
+    def sql_now(self) -> datetime | None:
+        self.advance(timedelta(milliseconds=2))
+        return self.instant
+
+
+async def test_in_one_second_is_never_already_past_when_the_schedule_is_made(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # Read at 12:00:00.9995, "in 1s" is 12:00:01.9995. The first check is an `at` schedule,
+    # which keeps whole seconds: truncated, 12:00:01 would be past by the time the schedule is
+    # created (the clock's next read, 2 ms later).
+    clock = _TickingClock(datetime(2026, 11, 27, 12, 0, 0, 997_500, tzinfo=UTC))
+    raw = {"key": "edge", "in": "1s", "prompt": "still there?"}
+    async with pool.acquire() as conn:
+        created, shown = await followup_ops.create(
+            conn, clock, raw, owner="shop", actor="shop", providers=["echo"]
+        )
+    assert created, shown
+    due = datetime(2026, 11, 27, 12, 0, 2, tzinfo=UTC)
+    assert shown["due_at"] == due.isoformat()
+    assert await pool.fetchval("SELECT next_fire_at FROM schedules") == due
 
 
 async def test_an_ended_followup_keeps_its_ledger_for_the_retention(

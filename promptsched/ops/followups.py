@@ -35,6 +35,7 @@ MAX_VARS_BYTES = 8192
 MAX_DELAY = timedelta(days=366)
 DEFAULT_MAX_CHECKS = 10
 DEFAULT_HORIZON = timedelta(days=30)
+_SECOND = timedelta(seconds=1)
 MAX_ESCALATIONS = 10
 STATES = ("active", "done", "ended", "cancelled")
 
@@ -92,10 +93,12 @@ def check_vars(raw: object, prompt: str) -> dict[str, Any]:
 
 
 def _rounded(instant: datetime, resolution: timedelta | None) -> datetime:
-    """``instant`` rounded up to the next multiple of ``resolution`` (from the Unix epoch).
+    """``instant`` rounded up to the next multiple of ``resolution`` (from the Unix epoch), or
+    to the whole second without one: the first check is an ``at`` schedule, which keeps whole
+    seconds, and a truncated ``in: 1s`` could already be past when the schedule is created.
     The first check's; followup_record rounds every next check the same way."""
     if not resolution:
-        return instant
+        return instant if not instant.microsecond else instant.replace(microsecond=0) + _SECOND
     step = resolution.total_seconds()
     seconds = instant.timestamp()
     steps = -(-seconds // step)  # ceiling
