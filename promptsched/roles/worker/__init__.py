@@ -1,7 +1,11 @@
 """The worker: claims runs, executes each attempt under a lease, and finalizes it.
 
-- ``pool``: the WorkerPool — claiming, dispatching, executing and draining; it takes a run
-  from ``running`` to its final state by queueing the write ``attempt.settle`` decides.
+- ``pool``: the WorkerPool — its slots, claiming, dispatching and draining; each claimed
+  run's attempt is a task of its own.
+- ``runner``: the AttemptRunner — one attempt from the claim to its queued final write: the
+  executor under the timeout and cancel scope, then the write ``attempt.settle`` decides,
+  its metrics and log line.
+- ``prompt``: the attempt's prompt and params, templates filled in from the run's context.
 - ``attempt``: ``settle``, the pure decision from an attempt's stop reason and outcome to
   its final write (succeeded, pending at a backoff, dead, cancelled, or nothing).
 - ``heartbeat``: the in-flight attempts (``InFlight`` with its one ``StopReason``, owned by

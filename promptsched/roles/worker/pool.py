@@ -1,86 +1,35 @@
-"""The worker pool owns work: it claims runs, executes them under a lease and a timeout, and
-finalizes each attempt conditioned on its fencing token."""
+"""The worker pool owns work: it claims runs into its slots, starts each attempt
+(``runner.AttemptRunner``) as a task of its own, and drains: the slots, the claims and the
+lifecycle; the attempt's way from executor to final write is the runner's."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import os
-import random
 import socket
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import anyio
 import asyncpg
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
-from promptsched import logs
 from promptsched.clock import Clock
 from promptsched.config import WorkerSettings
-from promptsched.domain import ClaimedRun, RunStatus
-from promptsched.errors import (
-    AttemptTimeout,
-    ExecutorError,
-    PermanentError,
-    RetryableError,
-    ValidationError,
-)
-from promptsched.executors import decision, template
-from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry, Step
+from promptsched.domain import ClaimedRun
+from promptsched.executors.base import Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Children, Metrics
-from promptsched.roles import autopause
 from promptsched.roles.loop import Rush, Wakeup, run_forever
-from promptsched.roles.worker.attempt import (
-    reported_usage,
-    settle,
-    skip_disabled,
-    skip_over_budget,
-)
-from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.finalizer import Finalizer
 from promptsched.roles.worker.fleet import Fleet
 from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
-from promptsched.roles.worker.transcript import AttemptLog
+from promptsched.roles.worker.runner import AttemptRunner
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
-
-
-def _var_text(value: Any) -> str:
-    """A follow-up's var as the prompt shows it (JSON's true/false, not Python's)."""
-    return json.dumps(value) if isinstance(value, bool) else str(value)
-
-
-def _ids(row: ClaimedRun, worker_id: str) -> dict[str, Any]:
-    """What every log line of an attempt is bound to."""
-    return {
-        "run_id": row.id,
-        "schedule_id": row.schedule_id,
-        "attempt_id": str(row.attempt_id),
-        "worker_id": worker_id,
-    }
-
-
-def _counting_usage(
-    attempt: InFlight, record: Callable[[Step], Awaitable[None]]
-) -> Callable[[Step], Awaitable[None]]:
-    """The progress callback, also adding up the usage of each model step into the attempt,
-    so an attempt that fails or times out mid-loop still says what it spent."""
-
-    async def progress(step: Step) -> None:
-        usage = step.detail.get("usage") if step.kind == "model" else None
-        if isinstance(usage, Mapping):
-            for key, value in usage.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    attempt.usage[key] = attempt.usage.get(key, 0) + value
-        await record(step)
-
-    return progress
 
 
 def default_worker_id() -> str:
@@ -112,10 +61,7 @@ class WorkerPool:
         self.slots = settings.slots
         self.worker_id = settings.worker_id or default_worker_id()
         self.finalizer = Finalizer(pool, clock, self.worker_id)
-        self.retry_base = settings.retry_base
-        self.retry_max = settings.retry_max
         self.max_sleep = settings.max_sleep
-        self.prices = settings.prices
         self.wakeup = Wakeup()
         self.claiming = True
         self._blocked_backoff = 0.0
@@ -125,13 +71,16 @@ class WorkerPool:
         self._executing = 0
         self._idle = anyio.Event()
         self._idle.set()
-        self._tg: TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Metric children resolved once: a label lookup per run adds up at thousands of runs/s.
         self._busy_gauge = metrics.worker_slots.labels("busy")
         self._idle_gauge = metrics.worker_slots.labels("idle")
         self._child = Children()
         self.fleet = Fleet(pool, clock, metrics, self._child, self.limiters)
+        self.attempts = AttemptRunner(
+            pool, clock, metrics, registry, self.limiters, heartbeat, self.finalizer, self.fleet,
+            self._child, settings, self.worker_id, self._forget,
+        )  # fmt: skip
         self._update_slot_gauge()
 
     def notify(self, _payload: str | None = None) -> None:
@@ -242,32 +191,7 @@ class WorkerPool:
     async def _execute(self, row: ClaimedRun, attempt: InFlight) -> None:
         submitted = False
         try:
-            self.metrics.start_lag.observe(max(0.0, row.start_lag))
-            if not row.enabled:
-                submitted = self._finish(attempt, row, skip_disabled(row))
-                self.metrics.dropped_ticks.labels("disabled").inc()
-                return
-            if row.over_budget is not None:
-                submitted = self._finish(attempt, row, skip_over_budget(row))
-                self.metrics.dropped_ticks.labels("budget").inc()
-                if logs.enabled("info"):
-                    log.info("attempt.over_budget", **_ids(row, self.worker_id),
-                             budget=row.over_budget.get("key"))  # fmt: skip
-                return
-            if logs.enabled("debug"):
-                log.debug(
-                    "attempt.started",
-                    **_ids(row, self.worker_id),
-                    attempt=row.attempts,
-                    provider=attempt.provider,
-                )
-            started = time.monotonic()
-            outcome = await self._call_executor(row, attempt)
-            duration = time.monotonic() - started
-            usage = reported_usage(outcome, attempt.usage)
-            if self.limiters[attempt.provider].fleet:
-                await self.fleet.report(row, attempt, outcome, usage)
-            submitted = self._settle(row, attempt, outcome, usage, duration)
+            submitted = await self.attempts.run(row, attempt)
         finally:
             self._executing -= 1
             if not submitted:
@@ -285,204 +209,6 @@ class WorkerPool:
             self._idle.set()
         self.wakeup.set()
 
-    async def _render(self, row: ClaimedRun) -> tuple[str, dict[str, Any]]:
-        """The prompt and params of this attempt, templates filled in from the run context."""
-        params = dict(row.params or {})
-        system = params.get("system")
-        given = frozenset(row.vars or {})  # a follow-up's vars
-        used = template.variables_used(row.prompt, extra=given) | (
-            template.variables_used(system, field="params.system", extra=given)
-            if isinstance(system, str)
-            else frozenset()
-        )
-        if not used:  # a prompt without tags is its own rendering
-            return row.prompt, params
-        previous = None
-        if any(v.startswith("previous_") for v in used):
-            previous = await queries.run_previous_success(self.pool, row.schedule_id, row.slot)
-        context = template.build_context(
-            run_id=row.id,
-            schedule_id=row.schedule_id,
-            schedule_name=row.name,
-            slot=row.slot,
-            timezone=row.timezone,
-            previous_run_at=previous["finished_at"] if previous else None,
-            previous_output=previous["output"] if previous else None,
-        )
-        context.update({name: _var_text(value) for name, value in (row.vars or {}).items()})
-        prompt = template.render(row.prompt, context, extra=given)
-        if isinstance(system, str):  # a system prompt is a template too
-            params["system"] = template.render(system, context, field="params.system", extra=given)
-        return prompt, params
-
-    async def _call_executor(
-        self, row: ClaimedRun, attempt: InFlight
-    ) -> ExecutionResult | ExecutorError | None:
-        """The attempt's outcome; None when it was stopped (fenced, released or cancelled).
-
-        One cancel scope carries both ways an attempt stops early: its timeout (the scope's
-        deadline) and a heartbeat or drain that cancels it (which records its stop reason first).
-        """
-        timeout = row.timeout_seconds
-        scope = attempt.scope
-        outcome: ExecutionResult | ExecutorError | None = None
-        with scope:
-            scope.deadline = anyio.current_time() + timeout
-            outcome = await self._attempt(row, attempt)
-        if attempt.stopped:
-            return None
-        if scope.cancelled_caught:
-            return AttemptTimeout(f"timed out after {timeout:g}s")
-        return outcome
-
-    async def _attempt(self, row: ClaimedRun, attempt: InFlight) -> ExecutionResult | ExecutorError:
-        try:
-            prompt, params = await self._render(row)
-        except ValidationError as exc:
-            return PermanentError(f"bad prompt template: {exc}")
-        except Exception as exc:  # the database failed mid-read (asyncpg raises more than
-            # PostgresError when a connection dies): this attempt fails, the worker lives on
-            return RetryableError(f"could not read the run's context: {exc!r}")
-        request = ExecutionRequest(
-            run_id=row.id,
-            schedule_id=row.schedule_id,
-            schedule_name=row.name,
-            attempt_id=row.attempt_id,
-            attempt=row.attempts,
-            slot=row.slot,
-            timezone=row.timezone,
-            prompt=prompt,
-            model=row.model,
-            params=params,
-            timeout=row.timeout_seconds,
-            progress=_counting_usage(attempt, AttemptLog(
-                self.pool, self.clock, self.metrics,
-                run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,
-            ).record),
-        )  # fmt: skip
-        try:
-            return await self.registry.get(attempt.provider).execute(request)
-        except ExecutorError as exc:
-            return exc
-        except Exception as exc:  # an executor bug must not take down the worker slot
-            log.exception("attempt.executor_crashed", **_ids(row, self.worker_id))
-            return RetryableError(f"executor crashed: {exc!r}")
-
-    def _settle(
-        self,
-        row: ClaimedRun,
-        attempt: InFlight,
-        outcome: ExecutionResult | ExecutorError | None,
-        usage: dict[str, Any],
-        duration: float,
-    ) -> bool:
-        """Queue the attempt's final write; False when it must write nothing."""
-        if attempt.stop.writes_nothing:
-            return False  # the lease is gone: this attempt writes nothing (nor counts usage)
-        item = settle(
-            row,
-            attempt.stop,
-            outcome,
-            retry_base=self.retry_base,
-            retry_max=self.retry_max,
-            jitter=random.random(),
-            usage=self._account(row, attempt.provider, usage),
-        )
-        assert item is not None  # settle writes nothing only for a lease that is gone
-        provider = attempt.provider
-        if row.followup_key is not None and isinstance(outcome, ExecutionResult):
-            if item.status == RunStatus.SUCCEEDED:
-                found = decision.read(outcome.answer, outcome.output)
-                item = dataclasses.replace(item, check={"decision": found})
-        if item.status == RunStatus.CANCELLED:
-            self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
-        elif item.status == RunStatus.SUCCEEDED:
-            self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
-        else:
-            self._child(self.metrics.run_duration, provider, "failed").observe(duration)
-            if item.status == RunStatus.PENDING:
-                self.metrics.retries.labels(provider).inc()
-            else:
-                self.metrics.dead_letters.labels(provider).inc()
-        return self._finish(attempt, row, item)
-
-    def _account(
-        self, row: ClaimedRun, provider: str, usage: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """The attempt's reported usage (``reported_usage``) with, when the server prices the
-        provider, its ``cost``; counted in the token and cost metrics. None when empty."""
-        if not usage:
-            return None
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        prices = self.prices
-        model = prices.model(provider, row.model) or "default"
-        for kind, count in (("prompt", prompt), ("completion", completion)):
-            if count:
-                self._child(self.metrics.llm_tokens, provider, model, kind).inc(count)
-        cost = prices.cost(provider, row.model, usage)
-        if cost is not None:
-            usage["cost"] = cost
-            self._child(self.metrics.llm_cost, provider, model).inc(cost)
-        return usage
-
-    def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
-        if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
-            # A follow-up's check ended: the finish records it (and any next check).
-            item = dataclasses.replace(item, check={"decision": None})
-        attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
-        self.finalizer.submit(
-            item, lambda outcome: self._finished_write(attempt, row, item, outcome)
-        )
-        return True
-
-    def _finished_write(
-        self, attempt: InFlight, row: ClaimedRun, item: queries.Finish, outcome: Outcome
-    ) -> None:
-        """Called by the finalizer once the attempt's final write landed, was fenced or failed."""
-        forget = True
-        try:
-            if isinstance(outcome, Exception):
-                # Whether the write landed is unknown. If not, the run keeps our lease until it
-                # expires (this attempt no longer heartbeats) and the reaper decides.
-                self.metrics.role_errors.labels("worker").inc()
-                log.warning(
-                    "attempt.finalize_failed",
-                    **_ids(row, self.worker_id),
-                    status=item.status,
-                    error=repr(outcome),
-                )
-            elif not outcome:
-                self._child(self.metrics.fenced_writes, "finish").inc()
-                self.heartbeat.fence(attempt, "finalize_rejected")
-            else:
-                if item.status != RunStatus.PENDING:
-                    self._child(self.metrics.runs_finished, item.status).inc()
-                if item.status == RunStatus.DEAD and self._tg is not None:
-                    # The attempt stays ours until the check is done, so drain waits for it.
-                    self._tg.start_soon(self._autopause, attempt, row)
-                    forget = False
-                if logs.enabled("info"):
-                    log.info(
-                        f"run.{item.status}",
-                        **_ids(row, self.worker_id),
-                        attempt=row.attempts,
-                        error=item.error,
-                        retry_in=str(item.retry_in) if item.retry_in is not None else None,
-                    )
-        finally:
-            if forget:
-                self._forget(attempt)
-
-    async def _autopause(self, attempt: InFlight, row: ClaimedRun) -> None:
-        try:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await autopause.check(self.pool, row.schedule_id, row.id, self.clock.sql_now())
-        except Exception as exc:  # the run is dead already; its next death checks again
-            self.metrics.role_errors.labels("worker").inc()
-            log.warning("autopause.check_failed", **_ids(row, self.worker_id), error=repr(exc))
-        finally:
-            self._forget(attempt)
-
     # --- lifecycle ------------------------------------------------------------------------
 
     async def run_once(self) -> int:
@@ -490,7 +216,7 @@ class WorkerPool:
         total = 0
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
+                self.attempts.tg = tg
                 await tg.start(self.finalizer.run)
                 while True:
                     # Done only when a claim that began with nothing in flight found nothing:
@@ -528,7 +254,7 @@ class WorkerPool:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
+                self.attempts.tg = tg
                 await tg.start(self.heartbeat.run)
                 await tg.start(self.finalizer.run)
                 task_status.started()
