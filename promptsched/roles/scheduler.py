@@ -157,7 +157,7 @@ class Scheduler:
         except Exception as exc:  # asyncpg raises more than PostgresError on a dying connection
             log.warning("scheduler.analyze_failed", error=repr(exc))
             return
-        if known < written:
+        if known is not None:
             log.info("scheduler.runs_analyzed", written=written, known_rows=max(0, int(known)))
 
     def _count_take(self, due: queries.DueBatch) -> None:

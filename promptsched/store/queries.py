@@ -584,10 +584,11 @@ async def run_reap_expired(
     return [ReapedRun(**{**row, "status": RunStatus(row["status"])}) for row in rows]
 
 
-async def run_analyze_outgrown(db: DB, written: int) -> float:
+async def run_analyze_outgrown(db: DB, written: int) -> float | None:
     """Analyze ``runs`` when its statistics know fewer rows than a rush has just written
-    (``runs_analyze_outgrown``, migration 0018); the row count they knew before."""
-    known: float = await db.fetchval(_Q["run_analyze_outgrown"], written)
+    (``runs_analyze_outgrown``, migration 0018): the row count they knew then, or None when
+    they knew enough and nothing was analyzed."""
+    known: float | None = await db.fetchval(_Q["run_analyze_outgrown"], written)
     return known
 
 

@@ -333,9 +333,9 @@ WHERE status = 'pending' AND provider = ANY($2::text[]);
 SELECT pg_notify('promptsched_runs', $1::text);
 
 -- name: run_analyze_outgrown
--- A rush has written $1 run rows: analyze runs if its statistics know fewer (0018); the row
--- count they knew before.
-SELECT runs_analyze_outgrown($1)::float8;
+-- A rush has written $1 run rows: analyze runs if its statistics know fewer (0018). The row
+-- count they knew before, when that was the case; no row otherwise.
+SELECT known::float8 FROM runs_analyze_outgrown($1) AS known WHERE known < $1;
 
 -- name: run_list
 SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
