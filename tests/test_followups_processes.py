@@ -6,6 +6,7 @@ SIGKILLed mid-rush and restarted: nothing is lost and nothing is doubled."""
 from __future__ import annotations
 
 import signal
+import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,19 @@ async def test_a_thousand_keyed_followups_survive_a_sigkill(
         assert len({ids[0] for ids in schedules.values()}) == COUNT
         assert {tuple(s[-1:]) for k, s in statuses.items() if k in cancelled} == {(204,)}
 
-        async def some_done() -> bool:
-            return (
-                await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") >= 100
-            )
+        holder = f"{socket.gethostname()}:{b.process.pid}"  # b's worker id
 
-        await wait_until(some_done, timeout=60, what="the rush to start")
+        async def b_holds_checks_mid_rush() -> bool:
+            # Each replica's slots run their 300 ms checks in step, so the moment a count of
+            # done checks is crossed is often a batch's end: ask for checks b holds right now.
+            done, held = await pool.fetchrow(
+                "SELECT count(*) FILTER (WHERE status = 'succeeded'), "
+                "count(*) FILTER (WHERE status = 'running' AND worker_id = $1) FROM runs",
+                holder,
+            )
+            return bool(done >= 100 and held > 0)
+
+        await wait_until(b_holds_checks_mid_rush, timeout=60, what="b to hold checks mid-rush")
         b.signal(signal.SIGKILL)  # mid-rush: its running checks are reaped and run again
         b.stop()
         b, _ = await _replica(dsn, tmp_path, "b2")
