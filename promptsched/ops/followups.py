@@ -94,12 +94,10 @@ def check_vars(raw: object, prompt: str) -> dict[str, Any]:
 
 def _rounded(instant: datetime, resolution: timedelta | None) -> datetime:
     """``instant`` rounded up to the next multiple of ``resolution`` (from the Unix epoch), or
-    to the whole second without one: the first check is an ``at`` schedule, which keeps whole
-    seconds, and a truncated ``in: 1s`` could already be past when the schedule is created.
+    of a second without one: the first check is an ``at`` schedule, which keeps whole seconds,
+    and a truncated ``in: 1s`` could be past when the schedule is made.
     The first check's; followup_record rounds every next check the same way."""
-    if not resolution:
-        return instant if not instant.microsecond else instant.replace(microsecond=0) + _SECOND
-    step = resolution.total_seconds()
+    step = (resolution or _SECOND).total_seconds()
     seconds = instant.timestamp()
     steps = -(-seconds // step)  # ceiling
     return datetime.fromtimestamp(steps * step, UTC)
