@@ -53,7 +53,6 @@ class WorkerPool:
         self.clock = clock
         self.metrics = metrics
         self.rush = rush if rush is not None else Rush()
-        self.registry = registry
         self.limiters = dict(limiters)
         self.heartbeat = heartbeat
         # One registry of the attempts in flight, shared with the heartbeat that renews them.
