@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 import asyncpg
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from promptsched import netguard
-from promptsched.clock import FrozenClock
+from promptsched.clock import Clock, FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
 from promptsched.ops import notify_targets
+from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
@@ -85,6 +88,52 @@ async def test_a_transcript_append_by_a_lost_attempt_is_a_fenced_write(
         "SELECT transcript FROM run_attempts WHERE attempt_id = $1", claimed.attempt_id
     )
     assert len(transcript) == 1
+
+
+async def test_a_heartbeat_in_flight_across_a_pause_reads_its_answer_not_a_timeout(
+    dsn: str, pool: asyncpg.Pool[Any]
+) -> None:
+    # The process stands still (SIGSTOP, a paused VM) while its heartbeat waits on the row,
+    # longer than a lease. When it runs again, the answer says the run was taken over: the
+    # lease expired, and the rejected heartbeat is a fenced write. The database never stopped
+    # answering, so this is not ``unreachable`` (what a deadline in wall time would decide
+    # the moment the process resumed, before reading the answer).
+    rid = await factories.pending_run(pool, await factories.schedule(pool))
+    [claimed] = await queries.run_claim_batch(pool, None, "echo", 1, "w", timedelta(seconds=30))
+    metrics = Metrics()
+    lease = timedelta(seconds=2)
+    heartbeat = Heartbeat(pool, Clock(), metrics, lease=lease, interval=timedelta(milliseconds=100))
+    attempt = InFlight(rid, claimed.attempt_id, "echo", None)
+    heartbeat.inflight.add(attempt)
+
+    async def heartbeat_waits_on_the_row() -> bool:
+        waiting: int = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE '%UPDATE runs%'"
+        )
+        return waiting == 1
+
+    async def fenced() -> bool:
+        return attempt.fenced
+
+    rescuer = await asyncpg.connect(dsn)
+    try:
+        # Another process's takeover holds the row until it commits.
+        takeover = rescuer.transaction()
+        await takeover.start()
+        await rescuer.execute("UPDATE runs SET attempt_id = gen_random_uuid() WHERE id = $1", rid)
+        async with anyio.create_task_group() as tg:
+            await tg.start(heartbeat.run)
+            await wait_until(heartbeat_waits_on_the_row, timeout=10, what="the heartbeat to wait")
+            tg.start_soon(takeover.commit)  # sent once the loop runs again
+            time.sleep(lease.total_seconds() * 1.5)  # noqa: ASYNC251 - the loop stands still
+            await wait_until(fenced, timeout=10, what="the heartbeat to learn the lease is gone")
+            tg.cancel_scope.cancel()
+    finally:
+        await rescuer.close()
+    assert _lost(metrics) == {"expired": 1, "taken": 0, "unreachable": 0}
+    assert _fenced(metrics) == {k: 1 if k == "heartbeat" else 0 for k in FENCED_WRITE_KINDS}
+    assert metrics.role_errors.labels("heartbeat")._value.get() == 0
 
 
 # --- a real process frozen past its leases ----------------------------------------------------

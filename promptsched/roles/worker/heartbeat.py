@@ -23,6 +23,10 @@ from promptsched.store import queries
 
 log = structlog.get_logger("heartbeat")
 
+# A heartbeat's lease of running time is watched in this many steps; a pause of the process
+# counts as at most two of them (Heartbeat.run_within_lease).
+WATCH_STEPS = 10
+
 
 class StopReason(IntEnum):
     """Why an attempt stops before its executor's outcome is written; one per attempt.
@@ -209,6 +213,46 @@ class Heartbeat:
         )
         attempt.scope.cancel()
 
+    async def run_within_lease(self) -> None:
+        """``run_once``, given a lease of this process's own running time to answer, then a
+        TimeoutError: a database that hangs (a partition dropping packets) is as unreachable
+        as one that refuses, not a 60 s command timeout later.
+
+        Running time, not wall time: a pause of the whole process (SIGSTOP, a paused VM, a
+        loop held by a computation) is not the database's. A heartbeat in flight when the
+        process stopped would otherwise time out the moment it resumed, its answer already
+        in the socket, and call the database unreachable; given its time, it reads that
+        answer and learns what happened to the lease (``expired``, a fenced heartbeat).
+        """
+        budget = self.lease.total_seconds()
+        step = budget / WATCH_STEPS
+        answered = False
+        failed: Exception | None = None  # raised as itself, not inside a task group's group
+        with anyio.CancelScope() as bound:
+
+            async def watch() -> None:
+                ran = 0.0
+                while ran < budget:
+                    started = time.monotonic()
+                    await anyio.sleep(step)
+                    # A step that took over twice as long as asked is the process standing
+                    # still (stopped, or its loop held): it counts as two, however long.
+                    ran += min(time.monotonic() - started, 2 * step)
+                bound.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                try:
+                    await self.run_once()
+                    answered = True
+                except Exception as exc:
+                    failed = exc
+                tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        if not answered:
+            raise TimeoutError(f"no answer within a lease ({budget:g} s of running time)")
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         failures = 0
@@ -216,10 +260,7 @@ class Heartbeat:
         while True:
             await anyio.sleep(self.interval.total_seconds())
             try:
-                # Bounded by the lease: a database that hangs (a partition dropping packets)
-                # is as unreachable as one that refuses, not a 60s command timeout later.
-                with anyio.fail_after(self.lease.total_seconds()):
-                    await self.run_once()
+                await self.run_within_lease()
                 failures = 0
                 last_ok = time.monotonic()
             except Exception as exc:  # any failure (asyncpg raises more than PostgresError)
