@@ -56,3 +56,17 @@ def test_an_import_circle_breaks_the_acyclic_contract(tmp_path: Path) -> None:
     result = _lint_copy(tmp_path, circle)
     assert result.returncode != 0
     assert "No cycles are allowed in promptsched.executors" in result.stdout
+
+
+def test_the_interfaces_reach_the_store_only_through_ops(tmp_path: Path) -> None:
+    """The API and the console go through the operations layer: a handler or a page that
+    imports the store directly breaks a contract (the layers alone would let it through)."""
+    direct = {
+        "promptsched/api/handlers/direct_read.py": "from promptsched.store import queries\n",
+        "promptsched/console/direct_read.py": "from promptsched.store import migrate\n",
+    }
+    result = _lint_copy(tmp_path, direct)
+    assert result.returncode != 0
+    assert "reach the store only through the operations layer BROKEN" in result.stdout
+    assert "promptsched.api.handlers.direct_read -> promptsched.store.queries" in result.stdout
+    assert "promptsched.console.direct_read -> promptsched.store.migrate" in result.stdout

@@ -11,10 +11,9 @@ from promptsched import errors
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
-from promptsched.ops import notifications, validate
+from promptsched.ops import lookups, notifications, validate
 from promptsched.ops import runs as run_ops
 from promptsched.ops import schedules as schedule_ops
-from promptsched.store import queries
 
 MAX_REASON = 500
 
@@ -37,7 +36,7 @@ def _ask(
 async def _schedule(ctx: Ctx) -> tuple[int, str, str]:
     """The id, name and zone of the schedule in the path, if it is the session's to see."""
     sid = ctx.path_id()
-    row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
+    row = await lookups.schedule(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
     return sid, row.name, row.timezone
@@ -98,7 +97,7 @@ async def trigger(ctx: Ctx) -> web.StreamResponse:
 
 async def _run(ctx: Ctx) -> int:
     rid = ctx.path_id()
-    if await queries.run_get(ctx.deps.pool, rid, ctx.scope) is None:
+    if await lookups.run(ctx.deps.pool, rid, ctx.scope) is None:
         raise NotFoundPage()
     return rid
 
@@ -131,7 +130,7 @@ async def replay(ctx: Ctx) -> web.StreamResponse:
 
 async def replay_notification(ctx: Ctx) -> web.StreamResponse:
     nid = ctx.path_id()
-    if await queries.outbox_get(ctx.deps.pool, nid, ctx.scope) is None:
+    if await lookups.notification(ctx.deps.pool, nid, ctx.scope) is None:
         raise NotFoundPage()
     if not _confirmed(ctx):
         return _ask(

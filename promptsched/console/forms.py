@@ -14,10 +14,9 @@ from promptsched import budgets, domain, errors, offload
 from promptsched.console import describe, form_page, layout, notify_form, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
-from promptsched.ops import inputs, validate, views
+from promptsched.ops import inputs, lookups, validate, views
 from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import overlap, spec
-from promptsched.store import queries
 
 PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
@@ -177,7 +176,7 @@ def _saved(
 
 async def edit_form(ctx: Ctx) -> web.StreamResponse:
     sid = ctx.path_id()
-    row = await queries.schedule_get(ctx.deps.pool, sid, ctx.scope)
+    row = await lookups.schedule(ctx.deps.pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
     return _render(ctx, _row_values(row), sid=sid, version=row.version, stored_notify=row.notify)
@@ -191,7 +190,7 @@ async def save(ctx: Ctx) -> web.StreamResponse:
     if version is None or len(raw_version) > 9:
         raise ValidationError("version", "the form lost its version; reload it")
     deps = ctx.deps
-    current = await queries.schedule_get(deps.pool, sid, ctx.scope)
+    current = await lookups.schedule(deps.pool, sid, ctx.scope)
     if current is None:
         raise NotFoundPage()
     stored = current.notify

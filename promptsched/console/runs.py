@@ -17,8 +17,7 @@ from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import AttemptStatus, RunStatus
-from promptsched.ops import notifications
-from promptsched.store import queries
+from promptsched.ops import lookups, notifications
 from promptsched.web import progress
 
 DEAD_PAGE = 25
@@ -253,17 +252,16 @@ def _links(row: asyncpg.Record, replayed_by: int | None) -> Markup:
 async def detail_page(ctx: Ctx) -> web.StreamResponse:
     rid = ctx.path_id()
     pool = ctx.deps.pool
-    row = await queries.run_get(pool, rid, ctx.scope)
-    if row is None:
-        raise NotFoundPage()
-    schedule = await queries.schedule_get(pool, row["schedule_id"], ctx.scope)
+    try:
+        parts = await lookups.run_parts(pool, rid, ctx.scope)
+    except errors.NotFound:
+        raise NotFoundPage() from None
+    row, attempts, sent = parts.row, parts.attempts, parts.sent
+    schedule = await lookups.schedule(pool, row["schedule_id"], ctx.scope)
     if schedule is None:
         raise NotFoundPage()
     where = timefmt.zone(schedule.timezone)
-    attempts = await queries.run_attempts_list(pool, rid)
-    replay = await queries.run_get_replay(pool, rid)
-    replayed_by = replay["id"] if replay is not None else None
-    sent = await notifications.list_run_notifications(pool, rid, ctx.scope)
+    replayed_by = parts.replay["id"] if parts.replay is not None else None
     usage = _usage(row["usage"])
     facts: list[tuple[str, object]] = [
         ("Attempts", f"{row['attempts']} of at most {row['max_attempts']}"),
@@ -339,7 +337,7 @@ def _dead_notes(ctx: Ctx, items: list[dict[str, object]]) -> Markup:
 async def dead_page(ctx: Ctx) -> web.StreamResponse:
     pool = ctx.deps.pool
     runs_before, notes_before = ctx.int_query("runs_before"), ctx.int_query("notes_before")
-    dead = await queries.run_dead_page(pool, ctx.scope, runs_before, DEAD_PAGE + 1)
+    dead = await lookups.dead_runs_page(pool, ctx.scope, runs_before, DEAD_PAGE + 1)
     notes = await notifications.list_dead_notifications(
         pool, ctx.scope, before_id=notes_before, limit=DEAD_PAGE + 1
     )

@@ -17,8 +17,7 @@ from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import ChangeAction, Schedule
 from promptsched.errors import ValidationError
-from promptsched.ops import explain, notify_targets, validate, views
-from promptsched.store import queries
+from promptsched.ops import explain, lookups, notify_targets, validate, views
 
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
 _DL = Template('<dl class="settings">\n$rows</dl>')
@@ -192,8 +191,7 @@ async def explain_section(ctx: Ctx, row: Schedule, default_at: str) -> Markup:
 
 async def _verdict(ctx: Ctx, row: Schedule, at: datetime, where: ZoneInfo) -> Markup:
     async with ctx.deps.pool.acquire() as conn:
-        changes = await queries.schedule_change_around(conn, row.id, at)
-        found = await queries.run_list_for_slot(conn, row.id, at)
+        changes, found = await lookups.slot_history(conn, row.id, at)
     facts = explain.Facts(row, at, ctx.now, changes, found, retention=ctx.deps.retention)
     answer = await offload.run(lambda: explain.explain(facts))  # bounded math, off the loop
     runs = [

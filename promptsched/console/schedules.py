@@ -13,8 +13,7 @@ from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import Schedule
 from promptsched.ops import budgets as budget_ops
-from promptsched.ops import schemas, views
-from promptsched.store import queries
+from promptsched.ops import lookups, schemas, views
 
 PAGE_SIZE = 50
 RUNS_PAGE = 25
@@ -104,16 +103,13 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     after = ctx.int_query("after") or 0
     # An admin sees every owner's schedules, or one owner's; any other token only its own.
     owner = (ctx.query("owner") or "")[:100] if ctx.who.admin else ""
-    rows = await queries.schedule_search(
+    rows = await lookups.schedules_page(
         ctx.deps.pool, owner=ctx.scope or owner or None, enabled=None,
         name=name[:200] if name else None, after_id=after, limit=PAGE_SIZE + 1,
     )  # fmt: skip
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
-    latest = {
-        r["schedule_id"]: r
-        for r in await queries.run_latest_finished_many(ctx.deps.pool, [r.id for r in rows])
-    }
+    latest = await lookups.latest_finished(ctx.deps.pool, [r.id for r in rows])
     head = ["Name", "When", "Zone", "Next fire", "Last run", "State"]
     if ctx.who.admin:
         head.append("Owner")
@@ -146,7 +142,7 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
             provider=c["provider"], reason=c["reason"] or "failing",
             until=timefmt.stamp(c["open_until"], timefmt.zone("UTC"), ctx.now),
         )
-        for c in await queries.provider_cooling(ctx.deps.pool, ctx.deps.clock.sql_now())
+        for c in await lookups.providers_cooling(ctx.deps.pool, ctx.deps.clock)
     )  # fmt: skip
     body = _LIST(
         cooling=cooling, q=name or "", owner_field=owner_field, table=table, more=more_link
@@ -165,14 +161,14 @@ def _run_filters(sid: int, status: str | None) -> Markup:
 async def detail_page(ctx: Ctx) -> web.StreamResponse:
     sid = ctx.path_id()
     pool = ctx.deps.pool
-    row = await queries.schedule_get(pool, sid, ctx.scope)
+    row = await lookups.schedule(pool, sid, ctx.scope)
     if row is None:
         raise NotFoundPage()
     where = timefmt.zone(row.timezone)
     status = ctx.query("status")
     status = status if status in schemas.RUN_STATUSES else None
     before = ctx.int_query("before")
-    found = await queries.run_list(
+    found = await lookups.runs_page(
         pool, schedule_id=sid, status=status, owner=ctx.scope, before_id=before,
         limit=RUNS_PAGE + 1,
     )  # fmt: skip
@@ -181,7 +177,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         found = found[:RUNS_PAGE]
         query = urlencode({k: v for k, v in (("status", status), ("before", found[-1]["id"])) if v})
         more = layout.link(f"/schedules/{sid}?{query}", "Older runs →")
-    changes = await queries.schedule_change_page(pool, sid, ctx.scope, None, HISTORY_PAGE)
+    changes = await lookups.changes_page(pool, sid, ctx.scope, None, HISTORY_PAGE)
     upcoming = views.next_fire_times(row, 1)
     default_at = upcoming[0].astimezone(where).strftime("%Y-%m-%dT%H:%M:%S") if upcoming else ""
     body = _DETAIL(

@@ -9,7 +9,7 @@ import asyncpg
 from promptsched.clock import Clock
 from promptsched.domain import RunOrigin, RunStatus
 from promptsched.errors import NotFound, StateConflict
-from promptsched.ops import notifications, views
+from promptsched.ops import lookups, views
 from promptsched.store import queries
 from promptsched.store.pool import Conn
 
@@ -57,10 +57,5 @@ async def replay_run(
 
 async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, Any]:
     """One run with its attempts, replay and notifications; NotFound unless it is the owner's."""
-    row = await queries.run_get(db, run_id, owner)
-    if row is None:
-        raise NotFound("run", run_id)
-    attempts = await queries.run_attempts_list(db, run_id)
-    replay = await queries.run_get_replay(db, run_id)
-    sent = await notifications.list_run_notifications(db, run_id, owner)
-    return views.run_detail(row, attempts, replay, sent)
+    parts = await lookups.run_parts(db, run_id, owner)
+    return views.run_detail(parts.row, parts.attempts, parts.replay, parts.sent)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors
 from promptsched.api.handlers.schedules import schedule_reply
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Reply, json_reply
 from promptsched.errors import ValidationError
+from promptsched.ops import lookups, validate, views
 from promptsched.ops import runs as run_ops
 from promptsched.ops import schedules as schedule_ops
-from promptsched.ops import validate, views
-from promptsched.store import queries
 
 
 async def pause(call: Call) -> web.StreamResponse:
@@ -69,11 +67,11 @@ async def history(call: Call) -> web.StreamResponse:
     """Newest first. The history outlives a deleted schedule, so it stays readable."""
     schedule_id, limit = call.params["id"], call.params["limit"]
     cursor = call.params["cursor"]
-    rows = await queries.schedule_change_page(
+    rows = await lookups.changes_page(
         call.deps.pool, schedule_id, call.scope, int(cursor) if cursor else None, limit + 1
     )
-    if not rows and await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise errors.NotFound("schedule", schedule_id)
+    if not rows:
+        await lookups.schedule_or_missing(call.deps.pool, schedule_id, call.scope)
     return json_reply(views.page([views.change(row) for row in rows], limit))
 
 

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors, offload
+from promptsched import offload
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
-from promptsched.ops import explain, validate
+from promptsched.ops import explain, lookups, validate
 from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import spec
-from promptsched.store import queries
 
 
 async def explain_slot(call: Call) -> web.StreamResponse:
     schedule_id = call.params["id"]
     async with call.deps.pool.acquire() as conn:
-        row = await queries.schedule_get(conn, schedule_id, call.scope)
-        if row is None:
-            raise errors.NotFound("schedule", schedule_id)
+        row = await lookups.schedule_or_missing(conn, schedule_id, call.scope)
         zone = spec.load_zone(row.timezone)
         at = validate.instant(call.params["at"], "at", zone=zone)
         now = await schedule_ops.db_now(conn, call.deps.clock)
-        changes = await queries.schedule_change_around(conn, schedule_id, at)
-        runs = await queries.run_list_for_slot(conn, schedule_id, at)
+        changes, runs = await lookups.slot_history(conn, schedule_id, at)
     facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)
     return json_reply(await offload.run(lambda: explain.explain(facts)))
 

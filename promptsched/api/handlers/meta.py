@@ -13,10 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from promptsched import offload
 from promptsched.api.http import Call, Operation, Param, Reply, json_reply
 from promptsched.errors import SchemaMismatch
+from promptsched.ops import lookups, schemas, validate, views
 from promptsched.ops import schedules as schedule_ops
-from promptsched.ops import schemas, validate, views
 from promptsched.schedule import spec
-from promptsched.store import migrate
 
 MAX_PREVIEW = 100
 READY_TIMEOUT = 2  # seconds
@@ -66,7 +65,7 @@ async def readyz(call: Call) -> web.StreamResponse:
     try:
         with anyio.fail_after(READY_TIMEOUT):
             async with call.deps.pool.acquire() as conn:
-                await migrate.check(conn)
+                await lookups.check_schema(conn)
     except SchemaMismatch as exc:  # our own words: which version, and the command that fixes it
         return json_reply({"status": "unavailable", "error": str(exc)}, status=503)
     except Exception as exc:  # any failure to reach a current schema means "not ready"

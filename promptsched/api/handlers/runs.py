@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from promptsched import errors
 from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param, Reply, json_reply
 from promptsched.domain import RunStatus
+from promptsched.ops import lookups, schemas, views
 from promptsched.ops import runs as run_ops
-from promptsched.ops import schemas, views
-from promptsched.store import queries
 
 STATUS = Param("status", "query", {"type": "string", "enum": list(schemas.RUN_STATUSES)})
 
@@ -18,7 +16,7 @@ STATUS = Param("status", "query", {"type": "string", "enum": list(schemas.RUN_ST
 async def _page(call: Call, schedule_id: int | None) -> web.StreamResponse:
     limit: int = call.params["limit"]
     cursor = call.params["cursor"]
-    rows = await queries.run_list(
+    rows = await lookups.runs_page(
         call.deps.pool,
         schedule_id=schedule_id,
         status=call.params["status"],
@@ -35,8 +33,7 @@ async def list_(call: Call) -> web.StreamResponse:
 
 async def list_for_schedule(call: Call) -> web.StreamResponse:
     schedule_id = call.params["id"]
-    if await queries.schedule_get(call.deps.pool, schedule_id, call.scope) is None:
-        raise errors.NotFound("schedule", schedule_id)
+    await lookups.schedule_or_missing(call.deps.pool, schedule_id, call.scope)
     return await _page(call, schedule_id)
 
 

@@ -21,9 +21,8 @@ from promptsched.api.http import (
 )
 from promptsched.errors import ValidationError
 from promptsched.ops import budgets as budget_ops
-from promptsched.ops import inputs, views
+from promptsched.ops import inputs, lookups, views
 from promptsched.ops import schedules as schedule_ops
-from promptsched.store import queries
 
 
 def schedule_reply(row: Any, status: int = 200, *, reveal_secret: bool = False) -> web.Response:
@@ -69,7 +68,7 @@ async def list_(call: Call) -> web.StreamResponse:
     owner: str | None = call.params["owner"]
     if call.scope is not None and owner not in (None, call.scope):
         return json_reply(views.page([], limit))
-    rows = await queries.schedule_search(
+    rows = await lookups.schedules_page(
         call.deps.pool,
         owner=call.scope or owner,
         enabled=call.params["enabled"],
@@ -81,9 +80,7 @@ async def list_(call: Call) -> web.StreamResponse:
 
 
 async def get(call: Call) -> web.StreamResponse:
-    row = await queries.schedule_get(call.deps.pool, call.params["id"], call.scope)
-    if row is None:
-        raise errors.NotFound("schedule", call.params["id"])
+    row = await lookups.schedule_or_missing(call.deps.pool, call.params["id"], call.scope)
     spend = await budget_ops.schedule_spend(call.deps.pool, row, call.deps.clock)
     data = await offload.run(lambda: views.schedule(row, with_next=True))
     return json_reply({**data, "spend": spend}, headers={"ETag": views.etag(row)})
@@ -109,7 +106,7 @@ async def patch(call: Call) -> web.StreamResponse:
     deps = call.deps
     try:
         async with deps.pool.acquire() as conn:
-            before = await queries.schedule_get(conn, call.params["id"], call.scope)
+            before = await lookups.schedule(conn, call.params["id"], call.scope)
             row = await schedule_ops.update_schedule(
                 conn,
                 deps.clock,
