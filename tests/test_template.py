@@ -99,6 +99,7 @@ def test_build_context_gives_local_and_utc_times() -> None:
         timezone="Europe/Paris",
         previous_run_at=datetime(2024, 3, 29, 23, 30, tzinfo=UTC),
         previous_output="old",
+        previous_slot=datetime(2024, 3, 29, 23, 0, tzinfo=UTC),
     )
     assert context == {
         "schedule_name": "digest",
@@ -109,6 +110,7 @@ def test_build_context_gives_local_and_utc_times() -> None:
         "timezone": "Europe/Paris",
         "date": "2024-03-31",
         "previous_run_at": "2024-03-30T00:30:00+01:00",
+        "previous_slot": "2024-03-30T00:00:00+01:00",
         "previous_output": "old",
     }
     assert set(context) == set(template.VARIABLES)
@@ -123,6 +125,7 @@ def test_build_context_without_a_previous_run() -> None:
         timezone="UTC",
     )
     assert context["previous_run_at"] == "" and context["previous_output"] == ""
+    assert context["previous_slot"] == ""
     with pytest.raises(ValueError):
         template.build_context(
             run_id=1,
@@ -131,3 +134,17 @@ def test_build_context_without_a_previous_run() -> None:
             slot=datetime(2024, 1, 1),
             timezone="UTC",
         )
+
+
+def test_a_long_previous_output_given_whole_is_cut_with_a_marker() -> None:
+    limit = template.PREVIOUS_OUTPUT_CHARS
+    context = template.build_context(
+        run_id=1, schedule_id=1, schedule_name="n", slot=datetime(2024, 1, 1, tzinfo=UTC),
+        timezone="UTC", previous_output="a" * limit + "b" * 1234,
+    )  # fmt: skip
+    assert context["previous_output"] == "a" * limit + "\n[... 1,234 more characters cut]"
+    exact = template.build_context(
+        run_id=1, schedule_id=1, schedule_name="n", slot=datetime(2024, 1, 1, tzinfo=UTC),
+        timezone="UTC", previous_output="a" * limit,
+    )  # fmt: skip
+    assert exact["previous_output"] == "a" * limit

@@ -25,8 +25,19 @@ VARIABLES: Mapping[str, str] = {
     "timezone": "the schedule's IANA zone, e.g. Europe/Paris",
     "date": "the slot's local date, YYYY-MM-DD",
     "previous_run_at": "time of the previous successful run, in the schedule's zone ('' if none)",
-    "previous_output": "output of the previous successful run ('' if none)",
+    "previous_slot": "slot of the previous successful run, in the schedule's zone ('' if none)",
+    "previous_output": "output of the previous successful run ('' if none), its first "
+    "20,000 characters and a note of how many more were cut",
 }
+
+# A previous output longer than this is cut to it, with a marker saying how much was cut, so a
+# long answer cannot swell every next prompt (docs/monitors.md).
+PREVIOUS_OUTPUT_CHARS = 20_000
+
+
+def cut_marker(more: int) -> str:
+    """What follows a cut previous output: ``[... 1,234 more characters cut]``."""
+    return f"\n[... {more:,} more characters cut]"
 
 _OPEN, _CLOSE = "{{", "}}"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -129,8 +140,14 @@ def build_context(
     timezone: str,
     previous_run_at: datetime | None = None,
     previous_output: str | None = None,
+    previous_slot: datetime | None = None,
+    previous_output_chars: int | None = None,
 ) -> dict[str, str]:
-    """The template variables for one run; ``slot`` must be timezone-aware."""
+    """The template variables for one run; ``slot`` must be timezone-aware.
+
+    ``previous_output`` may come already cut to ``PREVIOUS_OUTPUT_CHARS`` (the query reads no
+    more), with ``previous_output_chars`` its whole length: the marker then says how much is
+    missing. A longer text given whole is cut here."""
     if slot.tzinfo is None:
         raise ValueError("slot must be timezone-aware")
     zone = ZoneInfo(timezone)
@@ -144,5 +161,13 @@ def build_context(
         "timezone": timezone,
         "date": local.date().isoformat(),
         "previous_run_at": previous_run_at.astimezone(zone).isoformat() if previous_run_at else "",
-        "previous_output": previous_output or "",
+        "previous_slot": previous_slot.astimezone(zone).isoformat() if previous_slot else "",
+        "previous_output": _cut(previous_output or "", previous_output_chars),
     }
+
+
+def _cut(text: str, whole: int | None) -> str:
+    whole = max(whole or 0, len(text))
+    if whole <= PREVIOUS_OUTPUT_CHARS:
+        return text
+    return text[:PREVIOUS_OUTPUT_CHARS] + cut_marker(whole - PREVIOUS_OUTPUT_CHARS)

@@ -363,8 +363,11 @@ async def run_insert_backfill(
     return await db.fetch(_Q["run_insert_backfill"], schedule_id, slots, now)
 
 
-async def run_previous_success(db: DB, schedule_id: int, slot: datetime) -> Record | None:
-    return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot)
+async def run_previous_success(
+    db: DB, schedule_id: int, slot: datetime, chars: int
+) -> Record | None:
+    """``finished_at``, ``slot``, the first ``chars`` of ``output`` and ``output_chars``."""
+    return await db.fetchrow(_Q["run_previous_success"], schedule_id, slot, chars)
 
 
 class Claim(list[ClaimedRun]):

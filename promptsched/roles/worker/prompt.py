@@ -30,7 +30,9 @@ async def prompt_of(db: queries.DB, row: ClaimedRun) -> tuple[str, dict[str, Any
         return row.prompt, params
     previous = None
     if any(v.startswith("previous_") for v in used):
-        previous = await queries.run_previous_success(db, row.schedule_id, row.slot)
+        previous = await queries.run_previous_success(
+            db, row.schedule_id, row.slot, template.PREVIOUS_OUTPUT_CHARS
+        )
     context = template.build_context(
         run_id=row.id,
         schedule_id=row.schedule_id,
@@ -39,6 +41,8 @@ async def prompt_of(db: queries.DB, row: ClaimedRun) -> tuple[str, dict[str, Any
         timezone=row.timezone,
         previous_run_at=previous["finished_at"] if previous else None,
         previous_output=previous["output"] if previous else None,
+        previous_slot=previous["slot"] if previous else None,
+        previous_output_chars=previous["output_chars"] if previous else None,
     )
     context.update({name: _var_text(value) for name, value in (row.vars or {}).items()})
     prompt = template.render(row.prompt, context, extra=given)

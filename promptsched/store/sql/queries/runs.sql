@@ -386,8 +386,9 @@ ON CONFLICT (schedule_id, slot) WHERE origin = 'backfill' DO NOTHING
 RETURNING id, slot;
 
 -- name: run_previous_success
--- The latest successful run before a slot, for the {{ previous_* }} template variables.
-SELECT finished_at, output FROM runs
+-- The latest successful run before a slot, for the {{ previous_* }} template variables: its
+-- output's first $3 characters and its whole length (a long answer is not read whole).
+SELECT finished_at, slot, left(output, $3) AS output, length(output) AS output_chars FROM runs
 WHERE schedule_id = $1 AND slot < $2 AND status = 'succeeded'
 ORDER BY slot DESC
 LIMIT 1;
