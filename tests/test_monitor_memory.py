@@ -18,7 +18,7 @@ from tests.factories import EPOCH, run_row
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.test_agent import agent_workers
-from tests.test_providers_integration import PROVIDER, fake_run
+from tests.test_providers_integration import fake_run
 
 MEMORY = "at {{ slot }} after {{ previous_slot }} ({{ previous_run_at }}): {{ previous_output }}"
 

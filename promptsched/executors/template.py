@@ -39,6 +39,7 @@ def cut_marker(more: int) -> str:
     """What follows a cut previous output: ``[... 1,234 more characters cut]``."""
     return f"\n[... {more:,} more characters cut]"
 
+
 _OPEN, _CLOSE = "{{", "}}"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
