@@ -55,6 +55,22 @@ class OutboxStatus(StrEnum):
     DEAD = "dead"
 
 
+class DeliveryOutcome(StrEnum):
+    """How one claimed notification's turn ended, as the notifier logs and counts it (the
+    ``outcome`` label of ``promptsched_deliveries_total`` says ``delivered`` for ``sent``)."""
+
+    SENT = "sent"
+    RETRY = "retry"  # back to pending, tried again after a backoff
+    DEAD = "dead"
+    LOST = "lost"  # its claim expired while sending (the notifier crashed or stalled)
+    FENCED = "fenced"  # another notifier took it meanwhile: our mark changed nothing
+    RELEASED = "released"  # the notifier stopped before sending it
+
+    @property
+    def label(self) -> str:
+        return "delivered" if self is DeliveryOutcome.SENT else self.value
+
+
 class RunOrigin(StrEnum):
     """``runs.origin``: why a run row exists."""
 
@@ -74,6 +90,15 @@ class OutboxEvent(StrEnum):
     DIGEST = "digest"  # the ticks a schedule dropped in a period
     BUDGET = "budget"  # a budget of the schedule or its owner is reached (once per period)
     ESCALATION = "escalation"  # a follow-up still unresolved after a step's number of checks
+
+
+class FollowupState(StrEnum):
+    """``followups.state``: where a keyed follow-up's chain of checks stands."""
+
+    ACTIVE = "active"  # a check is due or running
+    DONE = "done"  # a check answered without asking to be checked again
+    ENDED = "ended"  # a guard stopped it (``ended_reason``: max_checks, horizon, ...)
+    CANCELLED = "cancelled"
 
 
 class ChangeAction(StrEnum):

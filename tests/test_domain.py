@@ -24,6 +24,7 @@ CHECKS: list[tuple[str, type[StrEnum]]] = [
     ("runs_origin_check", domain.RunOrigin),
     ("outbox_event_check", domain.OutboxEvent),
     ("schedule_changes_action_check", domain.ChangeAction),
+    ("followups_state_check", domain.FollowupState),
 ]
 
 

@@ -14,6 +14,7 @@ from promptsched import errors
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.console.html import Markup, Template, join
+from promptsched.domain import FollowupState
 from promptsched.durations import format_duration
 from promptsched.errors import ValidationError
 from promptsched.ops import followups, notify_targets, validate
@@ -66,7 +67,6 @@ FIELDS = {
                        "unresolved after the checks below"),
     "escalate_after": ("Escalate after checks", "a number below max checks"),
 }  # fmt: skip
-STATE_WORDS = {"active": "active", "done": "done", "ended": "ended", "cancelled": "cancelled"}
 OUTCOME_WORDS = {
     "recheck": "asked to be checked again",
     "done": "done",
@@ -95,11 +95,10 @@ def _stamp(text: str | None, ctx: Ctx) -> Markup | str:
 
 
 def _state(item: dict[str, Any]) -> str:
-    if item["state"] == "ended" and item.get("ended_reason"):
+    if item["state"] == FollowupState.ENDED and item.get("ended_reason"):
         reason = str(item["ended_reason"])
         return OUTCOME_WORDS.get(reason, f"ended: {reason}")
-    state = str(item["state"])
-    return STATE_WORDS.get(state, state)
+    return str(item["state"])
 
 
 def decision_words(found: dict[str, Any] | None) -> str:
@@ -189,7 +188,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         settings.append(("Cancelled", join([f"by {data['cancelled_by']} ",
                                             _stamp(data["cancelled_at"], ctx)])))  # fmt: skip
     controls: Markup | str = ""
-    if data["state"] == "active":
+    if data["state"] == FollowupState.ACTIVE:
         controls = layout.action(
             ctx, f"/followups/{quote(key, safe='')}/cancel", "Cancel follow-up",
             confirm=f"Cancel {key!r}? No further check starts.",

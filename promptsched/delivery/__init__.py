@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from promptsched import budgets
+from promptsched.domain import OutboxEvent
 from promptsched.errors import PromptschedError
 from promptsched.secret import Secret
 
@@ -26,7 +27,7 @@ class Notification:
     # succeeded | dead | paused (the schedule, after consecutive dead runs) | digest (the ticks
     # the schedule dropped in a period; ``details`` says how many, by reason) | budget (a budget
     # of the schedule or its owner is reached; ``details`` says which, once per period)
-    event: str
+    event: OutboxEvent
     target: Any  # email: a list of addresses; webhook: {"url": ...}
     schedule_id: int
     schedule_name: str
@@ -46,15 +47,15 @@ class Notification:
 
     @property
     def succeeded(self) -> bool:
-        return self.event == "succeeded"
+        return self.event == OutboxEvent.SUCCEEDED
 
     @property
     def event_type(self) -> str:
         """``run.succeeded``, ``run.dead``, ``schedule.paused``, ``schedule.digest`` or
         ``schedule.budget``."""
-        if self.event == "escalation":
+        if self.event == OutboxEvent.ESCALATION:
             return "followup.escalation"
-        if self.event in ("paused", *REPORTS):
+        if self.event == OutboxEvent.PAUSED or self.event in REPORTS:
             return f"schedule.{self.event}"
         return f"run.{self.event}"
 
@@ -73,40 +74,41 @@ class Notification:
 
 
 # The events that report on a schedule rather than one run: their facts are report_lines.
-REPORTS = ("digest", "budget", "escalation")
+REPORTS = (OutboxEvent.DIGEST, OutboxEvent.BUDGET, OutboxEvent.ESCALATION)
 
 
 def outcome_words(notification: Notification) -> str:
     """How the run ended, as a headline says it."""
-    if notification.event == "budget":
+    if notification.event == OutboxEvent.BUDGET:
         return "reached its BUDGET"
-    if notification.event == "escalation":
+    if notification.event == OutboxEvent.ESCALATION:
         details = notification.details if isinstance(notification.details, dict) else {}
         return f"ESCALATED: unresolved after {details.get('after_checks', '?')} checks"
-    if notification.event == "digest":
+    if notification.event == OutboxEvent.DIGEST:
         total = (notification.details or {}).get("total", 0)
         return f"DROPPED {total} tick{'s' if total != 1 else ''}"
-    return {"succeeded": "succeeded", "paused": "PAUSED after repeated failures"}.get(
-        notification.event, "FAILED"
-    )
+    return {
+        OutboxEvent.SUCCEEDED: "succeeded",
+        OutboxEvent.PAUSED: "PAUSED after repeated failures",
+    }.get(notification.event, "FAILED")
 
 
 def next_steps(notification: Notification) -> str | None:
     """What the owner can do now (failure and pause messages), None for a success."""
     n = notification
-    if n.event == "paused":
+    if n.event == OutboxEvent.PAUSED:
         return (
             "The schedule kept failing and has been paused: it will not run again until it is "
             f"resumed. Fix the cause (the error below), then `promptsched schedules resume "
             f"{n.schedule_id}` (or Resume in the console)."
         )
-    if n.event == "digest":
+    if n.event == OutboxEvent.DIGEST:
         return (
             "These slots of the schedule did not run. If that is not what you want, change the "
             f"policy named by each reason (`promptsched schedules edit {n.schedule_id}`, or Edit "
             "in the console): overlap, misfire and catch-up window, or the budget."
         )
-    if n.event == "escalation":
+    if n.event == OutboxEvent.ESCALATION:
         details = n.details if isinstance(n.details, dict) else {}
         return (
             f"The follow-up {details.get('key', '')!r} is still unresolved after "
@@ -114,7 +116,7 @@ def next_steps(notification: Notification) -> str | None:
             "you. Its history: `promptsched followups show "
             f"{details.get('key', '')}` (cancel it with `promptsched followups cancel`)."
         )
-    if n.event == "budget":
+    if n.event == OutboxEvent.BUDGET:
         return (
             "Runs that would start while a budget is reached are not sent: they are skipped "
             "with reason budget until the period ends, or until the budget is raised "
@@ -122,7 +124,7 @@ def next_steps(notification: Notification) -> str | None:
             "`promptsched budget set ...` for the owner's, or the console). You hear this once "
             "per period."
         )
-    if n.event == "dead":
+    if n.event == OutboxEvent.DEAD:
         return (
             "The run failed and will not be retried. Fix the cause (the error below), then "
             f"`promptsched runs replay {n.run_id}` to run it again (or Replay in the console)."
@@ -182,9 +184,9 @@ def budget_lines(notification: Notification) -> list[str]:
 
 def report_lines(notification: Notification) -> list[str]:
     """A report's facts (digest or budget): a heading line, then one line per fact."""
-    if notification.event == "budget":
+    if notification.event == OutboxEvent.BUDGET:
         return budget_lines(notification)
-    if notification.event == "escalation":
+    if notification.event == OutboxEvent.ESCALATION:
         details = notification.details if isinstance(notification.details, dict) else {}
         answer = details.get("decision") or {}
         asked = ", ".join(f"{k} {v}" for k, v in answer.items()) or "no decision"

@@ -31,6 +31,7 @@ from promptsched.delivery import (
     run_link,
 )
 from promptsched.delivery.webhook import GuardedPoster
+from promptsched.domain import OutboxEvent
 
 # An answer that sending again cannot change: a malformed payload, a revoked or unknown hook.
 _PERMANENT = frozenset({400, 401, 403, 404})
@@ -42,6 +43,19 @@ DISCORD_OUTPUT_TOTAL = 5_000  # of the 6,000 all embeds may hold, leaving room f
 DISCORD_TITLE = 256
 NTFY_MAX_BYTES = 4096  # ntfy's message limit: a longer body becomes an attachment
 NTFY_BODY_BYTES = 3900  # the output's share of it, leaving room for the clip note
+_AMBER = 0xF9A825
+_DISCORD_COLORS = {
+    OutboxEvent.SUCCEEDED: 0x2E7D32,
+    OutboxEvent.PAUSED: _AMBER,
+    OutboxEvent.DIGEST: _AMBER,
+    OutboxEvent.BUDGET: _AMBER,
+}  # anything else (dead, escalation): red
+_NTFY_TAGS = {
+    OutboxEvent.SUCCEEDED: "white_check_mark",
+    OutboxEvent.PAUSED: "pause_button",
+    OutboxEvent.DIGEST: "warning",
+    OutboxEvent.BUDGET: "money_with_wings",
+}  # anything else: "x"
 
 
 def _body_text(notification: Notification) -> str:
@@ -92,9 +106,7 @@ def discord_payload(notification: Notification, public_url: str | None) -> dict[
     if clipped:
         pieces.append(_clip_note(link, dialects.DISCORD))
     title = f"{' '.join(n.schedule_name.split())} {outcome_words(n)}"[:DISCORD_TITLE]
-    color = {"succeeded": 0x2E7D32, "paused": 0xF9A825, "digest": 0xF9A825, "budget": 0xF9A825}.get(
-        n.event, 0xC62828
-    )
+    color = _DISCORD_COLORS.get(n.event, 0xC62828)
     embeds: list[dict[str, Any]] = []
     for index, piece in enumerate(pieces or [""]):
         embed: dict[str, Any] = {"description": piece, "color": color}
@@ -134,13 +146,9 @@ def ntfy_message(
         if len(body.encode()) <= NTFY_MAX_BYTES or limit < 200:
             break
         limit = limit * NTFY_BODY_BYTES // len(body.encode()) - 50
-    tags = {
-        "succeeded": "white_check_mark", "paused": "pause_button", "digest": "warning",
-        "budget": "money_with_wings",
-    }  # fmt: skip
     headers = {
         "Title": _header(f"{n.schedule_name} {outcome_words(n)}"[:200]),
-        "Tags": tags.get(n.event, "x"),
+        "Tags": _NTFY_TAGS.get(n.event, "x"),
         "Priority": "3" if n.succeeded else "4",
         "Markdown": "yes",
     }

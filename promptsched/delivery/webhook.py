@@ -21,12 +21,22 @@ from yarl import URL
 
 from promptsched import netguard
 from promptsched.delivery import REPORTS, DeliveryError, Notification, clip
+from promptsched.domain import OutboxEvent
 from promptsched.secret import Secret
 
 SIGNATURE_HEADER = "Promptsched-Signature"
 SECRET_PREFIX = "whsec_"
 EXCERPT_CHARS = 300
 _RETRY_AFTER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+
+
+# What a report says the run's status was (a pause follows a dead run; a digest or a budget
+# notice reports slots that were skipped).
+_RUN_STATUS = {
+    OutboxEvent.PAUSED: "dead",
+    OutboxEvent.DIGEST: "skipped",
+    OutboxEvent.BUDGET: "skipped",
+}
 
 
 def payload(notification: Notification) -> dict[str, Any]:
@@ -37,9 +47,7 @@ def payload(notification: Notification) -> dict[str, Any]:
         "schedule": {"id": n.schedule_id, "name": n.schedule_name, "timezone": n.timezone},
         "run": {
             "id": n.run_id,
-            "status": {"paused": "dead", "digest": "skipped", "budget": "skipped"}.get(
-                n.event, n.event
-            ),
+            "status": _RUN_STATUS.get(n.event, n.event),
             "slot": n.slot.astimezone(UTC).isoformat(),
             "slot_local": n.local_slot().isoformat(),
             "origin": n.origin,
@@ -47,7 +55,7 @@ def payload(notification: Notification) -> dict[str, Any]:
             "finished_at": n.finished_at.astimezone(UTC).isoformat() if n.finished_at else None,
         },
         "output": clip(n.output) if n.succeeded and n.output is not None else None,
-        "error": None if n.succeeded or n.event == "digest" else clip(n.error or ""),
+        "error": None if n.succeeded or n.event == OutboxEvent.DIGEST else clip(n.error or ""),
         # schedule.digest: {"dropped": {reason: slots}, "total", "period_start", "period_end"}
         # schedule.budget: {"scope", "period", "unit", "limit", "spent", "period_start", "key"}
         **({n.event: n.details} if n.event in REPORTS else {}),

@@ -15,7 +15,7 @@ import asyncpg
 
 from promptsched import netguard
 from promptsched.clock import Clock
-from promptsched.domain import RunStatus, ScheduleInput
+from promptsched.domain import FollowupState, RunStatus, ScheduleInput
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import NotFound, StateConflict, ValidationError
 from promptsched.executors import template
@@ -37,7 +37,7 @@ DEFAULT_MAX_CHECKS = 10
 DEFAULT_HORIZON = timedelta(days=30)
 _SECOND = timedelta(seconds=1)
 MAX_ESCALATIONS = 10
-STATES = ("active", "done", "ended", "cancelled")
+STATES = tuple(state.value for state in FollowupState)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,13 +322,13 @@ def explain(found: Mapping[str, Any], checks: list[Mapping[str, Any]], runs: lis
     """Why the follow-up is where it is, in one sentence."""
     last = checks[-1] if checks else None
     state = found["state"]
-    if state == "cancelled":
+    if state == FollowupState.CANCELLED:
         return (f"Cancelled by {found['cancelled_by']} at {found['cancelled_at'].isoformat()}, "
                 f"after {found['checks']} check(s); no further check starts.")  # fmt: skip
-    if state == "done" and last is not None:
+    if state == FollowupState.DONE and last is not None:
         return (f"Done: check {last['number']} answered without asking to be checked again "
                 f"(run #{last['run_id']}).")  # fmt: skip
-    if state == "ended" and last is not None:
+    if state == FollowupState.ENDED and last is not None:
         reason = REASONS.get(found["ended_reason"] or "", str(found["ended_reason"])).format(
             max_checks=found["max_checks"], horizon=found["horizon"].isoformat(),
             next_at=last["next_at"].isoformat() if last["next_at"] else "-",
@@ -395,7 +395,7 @@ async def cancel(conn: Conn, owner: str, key: str, *, actor: str, clock: Clock) 
         found = await queries.followup_lock(conn, owner, check_key(key))
         if found is None:
             raise NotFound("follow-up", key)
-        if found["state"] == "cancelled":
+        if found["state"] == FollowupState.CANCELLED:
             return
         await queries.followup_cancel(conn, found["schedule_id"], actor, clock.sql_now())
 

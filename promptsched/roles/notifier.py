@@ -27,7 +27,7 @@ from promptsched.delivery import DeliveryError, Notification, Sender
 from promptsched.delivery.chat import DiscordSender, NtfySender, SlackSender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
-from promptsched.domain import OutboxStatus, OwedNotification
+from promptsched.domain import DeliveryOutcome, OutboxEvent, OutboxStatus, OwedNotification
 from promptsched.metrics import Metrics
 from promptsched.retry import RetryPolicy, decide
 from promptsched.roles.loop import Wakeup, run_forever
@@ -63,9 +63,9 @@ DIGEST_CHECK_SECONDS = 600.0
 
 # The name each settled status is counted and logged under.
 _OUTCOME_NAMES = {
-    OutboxStatus.SENT: "sent",
-    OutboxStatus.PENDING: "retry",
-    OutboxStatus.DEAD: "dead",
+    OutboxStatus.SENT: DeliveryOutcome.SENT,
+    OutboxStatus.PENDING: DeliveryOutcome.RETRY,
+    OutboxStatus.DEAD: DeliveryOutcome.DEAD,
 }
 
 
@@ -83,7 +83,7 @@ def notification(row: OwedNotification) -> Notification:
         id=row.id,
         idempotency_key=row.idempotency_key,
         channel=row.channel,
-        event=row.event,
+        event=OutboxEvent(row.event),
         target=row.target,
         schedule_id=row.schedule_id,
         schedule_name=row.schedule_name,
@@ -153,8 +153,8 @@ class Notifier:
         counts: Counter[str] = Counter()
         rows = await queries.outbox_reclaim_expired(self.pool, self.clock.sql_now(), 1000)
         for row in rows:
-            counts["lost"] += 1
-            self.metrics.deliveries.labels(row["channel"], "lost").inc()
+            counts[DeliveryOutcome.LOST] += 1
+            self.metrics.deliveries.labels(row["channel"], DeliveryOutcome.LOST.label).inc()
             log.warning(
                 "notification.lost",
                 notification_id=row["id"],
@@ -244,19 +244,20 @@ class Notifier:
 
     def _record(
         self, row: OwedNotification, outcome: Outcome, attempted: bool, lags: dict[int, float]
-    ) -> str:
-        """Count and log one transition; returns the outcome's name."""
+    ) -> DeliveryOutcome:
+        """Count and log one transition; returns its outcome."""
         channel = row.channel
         name = _OUTCOME_NAMES[outcome.status]
         if row.id not in lags:
-            name = "fenced"  # our claim expired and someone else took the row: we wrote nothing
+            name = (
+                DeliveryOutcome.FENCED
+            )  # our claim expired and someone else took the row: we wrote nothing
             self.metrics.fenced_writes.labels("outbox_mark").inc()
         elif not attempted:
-            name = "released"
+            name = DeliveryOutcome.RELEASED
         # "delivered" is the outcome label the alert rules (deploy/alerts.yml) count as success.
-        label = "delivered" if name == "sent" else name
-        self.metrics.deliveries.labels(channel, label).inc()
-        if name == "sent":
+        self.metrics.deliveries.labels(channel, name.label).inc()
+        if name == DeliveryOutcome.SENT:
             self.metrics.notification_lag.labels(channel).observe(max(0.0, lags[row.id]))
         fields = {
             "notification_id": row.id,
@@ -267,12 +268,12 @@ class Notifier:
             "attempt": row.attempts,
             "idempotency_key": row.idempotency_key,
         }
-        if name == "sent":
+        if name == DeliveryOutcome.SENT:
             log.info("notification.sent", note=outcome.note, **fields)
-        elif name == "retry":
+        elif name == DeliveryOutcome.RETRY:
             retry_in = round(outcome.retry_in.total_seconds(), 3) if outcome.retry_in else 0
             log.warning("notification.retry", error=outcome.error, retry_in=retry_in, **fields)
-        elif name == "dead":
+        elif name == DeliveryOutcome.DEAD:
             log.error("notification.dead", error=outcome.error, **fields)
         else:
             log.warning(f"notification.{name}", **fields)
