@@ -10,7 +10,7 @@ are reported in that unit, per token counts the provider reported.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from promptsched.errors import ConfigError
@@ -20,6 +20,7 @@ _ENTRY = re.compile(
     r"=(?P<input>\d+(?:\.\d+)?)/(?P<output>\d+(?:\.\d+)?)$"
 )
 MILLION = 1_000_000
+DEFAULT_MODEL = "default"  # the model a run used when its schedule and provider name none
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,16 @@ class Prices:
     def model(self, provider: str, model: str | None) -> str | None:
         """The model a run used: its schedule's, else its provider's default."""
         return model or self.default_models.get(provider)
+
+    def models(self, providers: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The bounded ``model`` label values of each provider (metrics.Metrics.know): the
+        models it is priced for and its default model (``default`` when it has none)."""
+        known: dict[str, tuple[str, ...]] = {}
+        for provider in providers:
+            names = [self.default_models.get(provider) or DEFAULT_MODEL]
+            names += sorted(m for p, m in self.table if p == provider and m is not None)
+            known[provider] = tuple(dict.fromkeys(names))
+        return known
 
     def price(self, provider: str, model: str | None) -> Price | None:
         model = self.model(provider, model)

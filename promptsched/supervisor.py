@@ -67,6 +67,8 @@ class Supervisor:
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
         self.default_models = {name: p.default_model for name, p in settings.items()}
+        # Every series of every label value this process can know exists at 0 from here on.
+        self.metrics.know(config.prices.with_default_models(self.default_models).models(settings))
         self.tools = ToolRegistry.from_settings(
             allow=config.tools_allow,
             mcp=parse_mcp_servers(config.mcp_servers, config.mcp_raw),
@@ -176,7 +178,8 @@ class Supervisor:
         if "api" in roles:
             # Every replica serving /metrics competes for the stats duty; only the leader reads
             # the queue gauges from the database (roles/stats.py).
-            await tg.start(Stats(pool, self.clock, self.metrics, holder=self.worker_id).run)
+            stats = Stats(pool, self.clock, self.metrics, holder=self.worker_id, limiters=limiters)
+            await tg.start(stats.run)
             serving = config.api
             app = api_app.build(
                 pool,

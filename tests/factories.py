@@ -81,6 +81,8 @@ def worker_pool(
     prices: Prices | None = None,
 ) -> WorkerPool:
     metrics = metrics or Metrics()
+    prices = prices or Prices()
+    metrics.know(prices.models(["echo"]))
     heartbeat = Heartbeat(pool, clock, metrics, lease=lease, interval=lease / 3)
     return WorkerPool(
         pool,
@@ -94,7 +96,7 @@ def worker_pool(
             worker_id=worker_id,
             retry_base=timedelta(seconds=10),
             retry_max=timedelta(minutes=5),
-            prices=prices or Prices(),
+            prices=prices,
         ),
     )
 

@@ -17,7 +17,7 @@ from promptsched.errors import ConfigError
 from promptsched.metrics import Metrics
 from promptsched.prices import Prices
 from tests import factories
-from tests.api_support import Api
+from tests.api_support import SCHEDULE, Api
 from tests.fakes import openai_server as fake_server
 from tests.fakes import pages as site
 from tests.helpers import Service, wait_until
@@ -208,3 +208,35 @@ async def test_an_agent_attempt_that_times_out_keeps_the_usage_of_its_steps(
     run = await pool.fetchrow("SELECT tokens, cost FROM runs WHERE id = $1", rid)
     assert run is not None and run["tokens"] == 257
     assert run["cost"] == pytest.approx((230 * 2 + 27 * 8) / 1e6)
+
+
+def _series(metrics: Metrics) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items())))
+        for family in metrics.registry.collect()
+        for sample in family.samples
+    }
+
+
+async def test_no_schedule_creates_a_series_whatever_model_it_names(
+    pool: asyncpg.Pool[Any], api: Api
+) -> None:
+    # The model label takes the price table's and the providers' models, else "other": a user
+    # naming a new model per schedule grows no series (DESIGN: bounded labels).
+    metrics = Metrics()
+    worker = factories.worker_pool(pool, Clock(), metrics, prices=PRICES)
+    before = _series(metrics)
+    alice = await api.token("alice")
+    models = ["gpt-4o", "x" * 200, "../../etc", "model-1", "model-2", "模型"]
+    for n, model in enumerate(models):
+        body = {**SCHEDULE, "name": f"s{n}", "model": model, "params": {"fail_attempts": n % 2}}
+        created = await api.post("/v1/schedules", alice, json=body)
+        assert created.status == 201, created.body
+        assert (await api.post(f"/v1/schedules/{created.body['id']}/trigger", alice)).status == 201
+    await worker.run_once()
+    finished = await pool.fetchval("SELECT count(*) FROM run_attempts WHERE status <> 'running'")
+    assert finished == len(models)
+    assert _series(metrics) == before
+    labels = {"provider": "echo", "model": "other"}
+    assert _sample(metrics, "promptsched_llm_tokens_total", **labels, kind="prompt") > 0
+    assert _sample(metrics, "promptsched_llm_cost_total", **labels) > 0

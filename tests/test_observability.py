@@ -20,7 +20,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from promptsched.clock import FrozenClock
-from promptsched.metrics import Metrics
+from promptsched.executors.limiter import Limiter
+from promptsched.metrics import QUEUE_STATUSES, Metrics
 from promptsched.roles.stats import Stats
 from promptsched.store import sqlfiles
 from tests import factories
@@ -105,6 +106,70 @@ async def test_only_the_leader_exports_the_queue_gauges_and_another_takes_over(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_the_waiting_gauges_count_apart_what_no_replica_could_claim_now(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # A buffered schedule with a run going and two due behind it, a provider held by its
+    # fleet-wide concurrency, one whose breaker is open, and one claimable run: only that one
+    # is pending, and the oldest pending age is its own, not the buffered runs' (issue: the
+    # gauge read minutes while nothing was claimable, and the autoscaler added replicas).
+    clock = FrozenClock(EPOCH)
+    buffered = await factories.schedule(pool, overlap="buffer_all")
+    await _running_run(pool, buffered, timedelta(seconds=30))
+    for minutes in (4, 3):
+        rid = await factories.pending_run(pool, buffered, EPOCH - timedelta(minutes=minutes))
+        await pool.execute("UPDATE runs SET serial = true WHERE id = $1", rid)
+    plain = await factories.schedule(pool)
+    await factories.pending_run(pool, plain, EPOCH - timedelta(seconds=20))
+    limited, tripped = await factories.schedule(pool), await factories.schedule(pool)
+    await pool.execute("UPDATE schedules SET provider = 'limited' WHERE id = $1", limited)
+    await pool.execute("UPDATE schedules SET provider = 'tripped' WHERE id = $1", tripped)
+    await _running_run(pool, limited, timedelta(seconds=25))
+    for seconds in (50, 40, 35):
+        await factories.pending_run(pool, limited, EPOCH - timedelta(seconds=seconds))
+        await factories.pending_run(pool, tripped, EPOCH - timedelta(seconds=seconds))
+    await pool.execute(
+        "INSERT INTO provider_buckets (provider, open_until, failures) VALUES ('tripped', $1, 5)",
+        EPOCH + timedelta(seconds=30),
+    )
+    metrics = Metrics()
+    metrics.know({name: ("default",) for name in ("echo", "limited", "tripped", "idle")})
+    limiters = {name: Limiter(1, fleet=True) for name in ("limited", "tripped")}
+    stats = Stats(pool, clock, metrics, limiters=limiters)
+    try:
+        assert await stats.run_once() is True
+        depth = {s: _value(metrics, "promptsched_queue_depth", status=s) for s in QUEUE_STATUSES}
+        assert depth == {
+            "pending": 1,
+            "waiting_predecessor": 2,
+            "held_by_provider": 6,
+            "scheduled": 0,
+            "running": 2,
+        }
+        age = "promptsched_oldest_pending_age_seconds"
+        assert _value(metrics, age, provider="echo") == 20
+        for provider in ("limited", "tripped", "idle"):
+            assert _value(metrics, age, provider=provider) == 0, provider
+        held = "promptsched_held_runs"
+        assert _value(metrics, held, provider="limited", reason="concurrency") == 3
+        assert _value(metrics, held, provider="tripped", reason="open") == 3
+        assert _value(metrics, held, provider="echo", reason="open") == 0
+        # The predecessor finishes: the first buffered run is claimable, and has been so
+        # since then, not since its slot four minutes ago.
+        await pool.execute(
+            "UPDATE runs SET status = 'succeeded', finished_at = $2, attempt_id = NULL, "
+            "lease_expires_at = NULL WHERE schedule_id = $1 AND status = 'running'",
+            buffered,
+            EPOCH - timedelta(seconds=5),
+        )
+        assert await stats.run_once() is True
+        assert _value(metrics, "promptsched_queue_depth", status="pending") == 2
+        assert _value(metrics, "promptsched_queue_depth", status="waiting_predecessor") == 1
+        assert _value(metrics, age, provider="echo") == 20
+    finally:
+        await stats.close()
 
 
 async def test_a_leader_that_stops_renewing_loses_the_duty_when_its_term_expires(
@@ -206,11 +271,11 @@ async def test_stats_queries_never_scan_the_run_history(pool: asyncpg.Pool[Any])
             sid,
         )
         await conn.execute("ANALYZE runs")
-        for name in ("stats_queue_depth", "stats_oldest_pending"):
+        for name in ("stats_queue_depth", "stats_pending_runs"):
             rows = await conn.fetch(f"EXPLAIN (FORMAT TEXT) {sqlfiles.queries()[name]}", None)
             plan = "\n".join(row[0] for row in rows)
             assert "Seq Scan on runs" not in plan, plan
-        ages = await conn.fetch(sqlfiles.queries()["stats_oldest_pending"], None)
+        ages = await conn.fetch(sqlfiles.queries()["stats_pending_runs"], None)
         assert sorted(row["provider"] for row in ages) == ["echo", "openai"]
 
 
@@ -232,8 +297,8 @@ def exported() -> dict[str, set[str]]:
         for sample in family.samples:
             names.setdefault(sample.name, set()).update(sample.labels)
     suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_sum", "_count"),
         "gauge": ("",),
     }
     for collector in vars(metrics).values():
@@ -367,14 +432,89 @@ def test_the_dashboard_covers_every_promise() -> None:
 
 def test_the_metrics_reference_documents_every_metric() -> None:
     doc = (ROOT / "docs" / "observability.md").read_text()
-    suffix = {"counter": "_total", "histogram": "", "gauge": ""}
     missing = [
-        collector._name + suffix[collector._type]
+        collector._name + _SUFFIX[collector._type]
         for collector in vars(Metrics()).values()
         if isinstance(collector, MetricWrapperBase)
-        and f"`{collector._name + suffix[collector._type]}`" not in doc
+        and f"`{collector._name + _SUFFIX[collector._type]}`" not in doc
     ]
     assert missing == [], "add them to docs/observability.md"
+
+
+_SUFFIX = {"counter": "_total", "histogram": "", "gauge": ""}
+
+
+def documented_labels() -> dict[str, dict[str, set[str] | None]]:
+    """The metrics table of docs/observability.md: metric -> label -> its values (None: a
+    label whose values come from the configuration, such as ``provider``)."""
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    table: dict[str, dict[str, set[str] | None]] = {}
+    for name, cell in re.findall(r"^\| `(promptsched_\w+)` \| \w+ \|([^|]*)\|", doc, re.M):
+        labels: dict[str, set[str] | None] = {}
+        for part in filter(str.strip, cell.split(";")):
+            match = re.fullmatch(r"\s*`(\w+)`(?::(.*))?\s*", part)
+            assert match, f"{name}: write its labels as `label`: `value`, ... ({part!r})"
+            values = match[2]
+            labels[match[1]] = set(re.findall(r"`(\w+)`", values)) if values else None
+        table[name] = labels
+    return table
+
+
+def test_help_texts_the_docs_and_the_exported_series_name_the_same_label_values() -> None:
+    metrics = Metrics()
+    metrics.know({"echo": ("default",), "openai": ("gpt-4o",)})
+    documented = documented_labels()
+    exported_values: dict[tuple[str, str], set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            for label, value in sample.labels.items():
+                exported_values.setdefault((family.name, label), set()).add(value)
+    problems = []
+    for collector in vars(metrics).values():
+        if not isinstance(collector, MetricWrapperBase):
+            continue
+        name = collector._name + _SUFFIX[collector._type]
+        domains, zero = metrics.domains.get(collector, ({}, False))
+        doc = documented.get(name)
+        if doc is None or set(doc) != set(domains):
+            problems.append(f"{name}: labels {sorted(domains)}, documented {doc}")
+            continue
+        for label, values in domains.items():
+            fixed = set(values) if isinstance(values, tuple) else None
+            if doc[label] != fixed:
+                problems.append(f"{name}{{{label}}}: {fixed} in the code, {doc[label]} in the docs")
+            said = ", ".join(values) if isinstance(values, tuple) else values
+            if f"{label}: {said}" not in collector._documentation:
+                problems.append(f"{name}{{{label}}}: its help text does not list {said}")
+            seen = exported_values.get((collector._name, label), set())
+            if zero and fixed is not None and seen != fixed:
+                problems.append(f"{name}{{{label}}}: exports {seen} at startup, not {fixed}")
+    assert problems == []
+
+
+def test_every_labelled_series_exists_from_startup_and_models_stay_bounded() -> None:
+    metrics = Metrics()
+    metrics.know({"echo": ("default",), "openai": ("gpt-4o", "gpt-4o-mini")})
+    series = {
+        (sample.name, tuple(sorted(sample.labels.items())))
+        for family in metrics.registry.collect()
+        for sample in family.samples
+    }
+    for wanted in (
+        ("promptsched_dropped_ticks_total", (("reason", "misfire"),)),
+        ("promptsched_runs_finished_total", (("status", "dead"),)),
+        ("promptsched_deliveries_total", (("channel", "ntfy"), ("outcome", "dead"))),
+        ("promptsched_role_errors_total", (("role", "reaper"),)),
+        ("promptsched_retries_total", (("provider", "openai"),)),
+        ("promptsched_llm_cost_total", (("model", "other"), ("provider", "openai"))),
+        ("promptsched_run_duration_seconds_count", (("outcome", "failed"), ("provider", "echo"))),
+    ):
+        assert wanted in series, wanted
+    assert not [name for name, _ in series if name.endswith("_created")]
+    assert metrics.model("openai", "gpt-4o-mini") == "gpt-4o-mini"
+    assert metrics.model("openai", "default") == "other"  # openai's own default is known
+    assert metrics.model("echo", "gpt-4o") == "other"  # priced for another provider only
+    assert metrics.model("nobody", "x") == "other"
 
 
 def _selects(expr: str, metric: str, labels: dict[str, str]) -> bool:

@@ -1,11 +1,14 @@
 """The stats role owns the database-derived gauges: the one replica leading the ``stats`` duty
-reads queue depth, oldest pending age, stuck runs and outbox depth for the whole fleet."""
+reads queue depth, oldest claimable age, held runs, stuck runs and outbox depth for the whole
+fleet. The waiting runs are split by what holds them, so ``queue_depth{status="pending"}``
+counts only runs a replica could claim now (docs/observability.md, "What waits")."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +18,8 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
-from promptsched.metrics import Metrics
+from promptsched.executors.limiter import Limiter
+from promptsched.metrics import HOLD_REASONS, OUTBOX_STATUSES, PROVIDERS, STUCK_REASONS, Metrics
 from promptsched.roles.loop import Wakeup, run_forever
 from promptsched.store import queries
 
@@ -23,9 +27,36 @@ log = structlog.get_logger("stats")
 
 DUTY = "stats"
 
-QUEUE_STATUSES = ("pending", "scheduled", "running")
-STUCK_REASONS = ("lease_expired", "deadline_passed")
-OUTBOX_STATUSES = ("pending", "sending", "dead")
+
+class Snapshot:
+    """One refresh's figures, published at once."""
+
+    def __init__(self, providers: Sequence[str]) -> None:
+        self.depth = dict.fromkeys(("waiting_predecessor", "scheduled", "running"), 0)
+        self.ready: dict[str, int] = dict.fromkeys(providers, 0)
+        self.age: dict[str, float] = dict.fromkeys(providers, 0.0)
+        self.held = {(p, reason): 0 for p in providers for reason in HOLD_REASONS}
+        self.stuck: dict[str, int] = {}
+        self.outbox: dict[str, int] = {}
+
+    def hold(self, provider: str, reason: str, runs: int) -> None:
+        self.held[provider, reason] = runs
+        self.ready[provider] -= runs
+        if self.ready[provider] <= 0:
+            self.age[provider] = 0.0  # claims take the oldest first: none is claimable
+
+
+def binding_limit(room: asyncpg.Record, max_concurrency: int) -> str:
+    """Which of a provider's fleet-wide limits leaves less room than its ready runs want, as
+    ``provider_admit`` decides: its breaker, its LLM-token bucket, its running runs or its
+    request-rate bucket."""
+    if room["open_for"] > 0:
+        return "open"
+    if room["llm_tokens"] is not None and room["llm_tokens"] <= 0:
+        return "tokens"
+    concurrency = (1 if room["half_open"] else max_concurrency) - room["running"]
+    rate = math.inf if room["tokens"] is None else math.floor(room["tokens"] + 1e-9)
+    return "concurrency" if concurrency <= rate else "rate"
 
 
 class Stats:
@@ -52,6 +83,7 @@ class Stats:
         interval: timedelta = timedelta(seconds=5),
         term: timedelta = timedelta(seconds=15),
         query_timeout: timedelta = timedelta(seconds=10),
+        limiters: Mapping[str, Limiter] | None = None,
     ) -> None:
         if term <= interval:
             raise ValueError("the term must outlast the renewal interval")
@@ -63,6 +95,16 @@ class Stats:
         self.interval = interval
         self.term = term
         self.query_timeout = query_timeout
+        # The providers whose limits hold for the whole fleet: their room decides what is
+        # claimable (a per-process limit is no reason against another replica).
+        self.limits = {
+            name: queries.ProviderLimits(
+                limiter.max_concurrency, limiter.rate_per_second, limiter.burst,
+                limiter.tokens_per_minute,
+            )
+            for name, limiter in (limiters or {}).items()
+            if limiter.fleet
+        }  # fmt: skip
         self.wakeup = Wakeup()
         self._term_number: int | None = None
         self._believe_until = 0.0  # time.monotonic() deadline of the current term
@@ -123,37 +165,60 @@ class Stats:
 
     async def _refresh(self) -> None:
         now = self.clock.sql_now()
+        known = [values[0] for values in self.metrics.values({"provider": PROVIDERS})]
+        snap = Snapshot(known)
         async with self.pool.acquire() as conn:
             depth = await queries.stats_queue_depth(conn, now)
-            oldest = await queries.stats_oldest_pending(conn, now)
+            for row in await queries.stats_pending_runs(conn, now):
+                provider = row["provider"]
+                snap.depth["scheduled"] += row["scheduled"]
+                snap.depth["waiting_predecessor"] += row["waiting"]
+                snap.ready[provider] = row["ready"]
+                snap.age[provider] = max(0.0, row["oldest_ready"]) if row["ready"] else 0.0
+                snap.held.update({(provider, reason): 0 for reason in HOLD_REASONS})
+            wanted = {
+                name: (snap.ready[name], limits)
+                for name, limits in self.limits.items()
+                if snap.ready.get(name)
+            }
+            if wanted:
+                for room in await queries.stats_provider_room(conn, now, wanted):
+                    name = room["provider"]
+                    held = snap.ready[name] - room["allowed"]
+                    if held > 0:
+                        reason = binding_limit(room, self.limits[name].max_concurrency)
+                        snap.hold(name, reason, held)
             outbox = await queries.stats_outbox_depth(conn)
+        snap.depth["running"] = depth["running"]
+        snap.stuck = {reason: depth[reason] for reason in STUCK_REASONS}
+        counted = {row["status"]: row["count"] for row in outbox}
+        snap.outbox = {status: counted.get(status, 0) for status in OUTBOX_STATUSES}
         if self.leader:  # still within the term after the queries
-            self._publish(depth, oldest, outbox)
+            self._publish(snap)
 
-    def _publish(
-        self,
-        depth: asyncpg.Record,
-        oldest: Sequence[asyncpg.Record],
-        outbox: Sequence[asyncpg.Record],
-    ) -> None:
+    def _publish(self, snap: Snapshot) -> None:
         # No await in here: a scrape sees the previous refresh or this one, never a mix.
         metrics = self.metrics
-        for status in QUEUE_STATUSES:
-            metrics.queue_depth.labels(status).set(depth[status])
-        for reason in STUCK_REASONS:
-            metrics.stuck_runs.labels(reason).set(depth[reason])
-        metrics.oldest_pending_age.clear()
-        for row in oldest:
-            metrics.oldest_pending_age.labels(row["provider"]).set(max(0.0, row["age"]))
-        counted = {row["status"]: row["count"] for row in outbox}
-        for status in OUTBOX_STATUSES:
-            metrics.outbox_depth.labels(status).set(counted.get(status, 0))
+        depth = metrics.queue_depth
+        depth.labels("pending").set(sum(snap.ready.values()))
+        depth.labels("held_by_provider").set(sum(snap.held.values()))
+        for status, count in snap.depth.items():
+            depth.labels(status).set(count)
+        for provider, age in snap.age.items():
+            metrics.oldest_pending_age.labels(provider).set(age)
+        for (provider, reason), count in snap.held.items():
+            metrics.held_runs.labels(provider, reason).set(count)
+        for reason, count in snap.stuck.items():
+            metrics.stuck_runs.labels(reason).set(count)
+        for status, count in snap.outbox.items():
+            metrics.outbox_depth.labels(status).set(count)
 
     def _clear(self) -> None:
         metrics = self.metrics
         for gauge in (
             metrics.queue_depth,
             metrics.oldest_pending_age,
+            metrics.held_runs,
             metrics.stuck_runs,
             metrics.outbox_depth,
         ):

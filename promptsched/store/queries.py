@@ -693,8 +693,30 @@ async def stats_queue_depth(db: DB, now: datetime | None) -> Record:
     return row
 
 
-async def stats_oldest_pending(db: DB, now: datetime | None) -> list[Record]:
-    return await db.fetch(_Q["stats_oldest_pending"], now)
+async def stats_pending_runs(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["stats_pending_runs"], now)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLimits:
+    """A provider's fleet-wide limits, as the claim passes them to provider_admit."""
+
+    max_concurrency: int
+    rate: float | None
+    burst: float
+    tokens_per_minute: int | None
+
+
+async def stats_provider_room(
+    db: DB, now: datetime | None, wanted: Mapping[str, tuple[int, ProviderLimits]]
+) -> list[Record]:
+    names = sorted(wanted)
+    limits = [wanted[name][1] for name in names]
+    return await db.fetch(
+        _Q["stats_provider_room"], now, names, [wanted[name][0] for name in names],
+        [limit.max_concurrency for limit in limits], [limit.rate for limit in limits],
+        [limit.burst for limit in limits], [limit.tokens_per_minute for limit in limits],
+    )  # fmt: skip
 
 
 async def stats_outbox_depth(db: DB) -> list[Record]:

@@ -31,6 +31,7 @@ from promptsched.executors import decision
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Registry, Step
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Children, Metrics
+from promptsched.prices import DEFAULT_MODEL
 from promptsched.roles import autopause
 from promptsched.roles.worker.attempt import (
     reported_usage,
@@ -239,7 +240,8 @@ class AttemptRunner:
             return None
         prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
         prices = self.prices
-        model = prices.model(provider, row.model) or "default"
+        # A bounded label: a model neither priced nor a provider's default is "other".
+        model = self.metrics.model(provider, prices.model(provider, row.model) or DEFAULT_MODEL)
         for kind, count in (("prompt", prompt), ("completion", completion)):
             if count:
                 self._child(self.metrics.llm_tokens, provider, model, kind).inc(count)

@@ -22,16 +22,9 @@ RETURNING term;
 DELETE FROM leaders WHERE name = $1 AND holder = $2;
 
 -- name: stats_queue_depth
--- Every count reads only unfinished rows: pending through runs_claim_idx (it holds
--- available_at, so an index-only scan), running through runs_lease_idx. Finished history,
--- however large, is never scanned.
+-- Running runs, and those whose lease or deadline has passed, through runs_lease_idx:
+-- finished history, however large, is never scanned. Pending runs are stats_pending_runs.
 SELECT
-    (SELECT count(*) FROM runs
-     WHERE status = 'pending' AND available_at <= coalesce($1::timestamptz, now()))::bigint
-        AS pending,
-    (SELECT count(*) FROM runs
-     WHERE status = 'pending' AND available_at > coalesce($1::timestamptz, now()))::bigint
-        AS scheduled,
     (SELECT count(*) FROM runs WHERE status = 'running')::bigint AS running,
     (SELECT count(*) FROM runs
      WHERE status = 'running' AND lease_expires_at < coalesce($1::timestamptz, now()))::bigint
@@ -40,33 +33,53 @@ SELECT
      WHERE status = 'running' AND deadline_at < coalesce($1::timestamptz, now()))::bigint
         AS deadline_passed;
 
--- name: stats_oldest_pending
--- Age of the oldest claimable run per provider. A loose index scan over runs_claim_idx
--- (provider, available_at, id): the recursive CTE jumps from one provider to the next with
--- one index probe each, then one more probe finds each provider's oldest available_at, so
--- the cost grows with the number of providers, not with the backlog. A provider whose
--- pending runs all wait for a future available_at reports age 0.
-WITH RECURSIVE providers AS (
-    (SELECT provider FROM runs WHERE status = 'pending' ORDER BY provider LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.provider FROM runs r
-            WHERE r.status = 'pending' AND r.provider > p.provider
-            ORDER BY r.provider LIMIT 1)
-    FROM providers p
-    WHERE p.provider IS NOT NULL
+-- name: stats_pending_runs
+-- Pending runs by provider, read through runs_claim_idx (only pending rows): due later
+-- (`scheduled`: retry backoff, jitter), due but waiting behind an earlier unfinished run of
+-- their own schedule (`waiting`: overlap buffer_*, the claim's own predicate, see
+-- run_claim_batch), and `ready`, with how long the oldest ready run has been claimable: since
+-- its available_at, or for a serial run since its predecessor finished, if that was later.
+-- Whether a provider's fleet-wide limits leave room for the ready runs is stats_provider_room.
+WITH pending AS (
+    SELECT r.provider, r.available_at, r.serial, r.schedule_id, r.slot,
+           r.available_at > coalesce($1::timestamptz, now()) AS later
+    FROM runs r
+    WHERE r.status = 'pending'
+), classed AS (
+    SELECT p.provider, p.later,
+           NOT p.later AND p.serial AND EXISTS (
+               SELECT 1 FROM runs o
+               WHERE o.schedule_id = p.schedule_id AND o.status IN ('pending', 'running')
+                 AND o.slot < p.slot) AS behind,
+           p.available_at, p.serial, p.schedule_id, p.slot
+    FROM pending p
 )
-SELECT p.provider,
-       coalesce(extract(epoch FROM (coalesce($1::timestamptz, now()) - o.oldest)), 0)::float8
-           AS age
-FROM providers p
-LEFT JOIN LATERAL (
-    SELECT r.available_at AS oldest FROM runs r
-    WHERE r.status = 'pending' AND r.provider = p.provider
-      AND r.available_at <= coalesce($1::timestamptz, now())
-    ORDER BY r.available_at
-    LIMIT 1
-) o ON true
-WHERE p.provider IS NOT NULL;
+SELECT s.provider,
+       count(*) FILTER (WHERE s.later)::bigint AS scheduled,
+       count(*) FILTER (WHERE s.behind)::bigint AS waiting,
+       count(*) FILTER (WHERE NOT s.later AND NOT s.behind)::bigint AS ready,
+       coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - min(
+           CASE WHEN s.later OR s.behind THEN NULL
+                WHEN NOT s.serial THEN s.available_at
+                ELSE greatest(s.available_at, (
+                    SELECT o.finished_at FROM runs o
+                    WHERE o.schedule_id = s.schedule_id AND o.slot < s.slot
+                    ORDER BY o.slot DESC LIMIT 1))
+           END)), 0)::float8 AS oldest_ready
+FROM classed s
+GROUP BY s.provider;
+
+-- name: stats_provider_room
+-- How many of the ready runs (`want`) of each provider with fleet-wide limits the next claim
+-- would be allowed: provider_admit, the claim's own admission (run_claim_limited), with its
+-- running runs, rate and LLM-token buckets and breaker. It takes each provider's advisory lock
+-- for this statement only (a claimer waits a moment) and writes nothing.
+SELECT l.provider, a.allowed, a.running, a.tokens, a.open_for, a.half_open, a.llm_tokens
+FROM unnest($2::text[], $3::int[], $4::int[], $5::float8[], $6::float8[], $7::float8[])
+         AS l(provider, want, max_concurrency, rate, burst, tokens_per_minute)
+CROSS JOIN LATERAL provider_admit(l.provider, l.want, l.max_concurrency, l.rate, l.burst,
+                                  l.tokens_per_minute, coalesce($1::timestamptz, now())) a
+ORDER BY l.provider;
 
 -- name: stats_outbox_depth
 -- Undelivered notifications by status; each status has its own partial index (outbox_claim_idx,
