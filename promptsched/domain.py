@@ -247,6 +247,8 @@ class Schedule:
     budget: dict[str, Any] | None
     vars: dict[str, Any] | None
     followup_key: str | None
+    output_schema: dict[str, Any] | None  # the JSON Schema its answers follow (monitor/schema.py)
+    notify_when: str  # when a success notifies (monitor/conditions.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,3 +280,5 @@ class ScheduleInput:
     budget: Mapping[str, Any] | None = None
     vars: Mapping[str, Any] | None = None  # template variables (follow-ups set them)
     followup_key: str | None = None  # a follow-up's key (ops/followups.py)
+    output_schema: Mapping[str, Any] | None = None  # checked by monitor/schema.py
+    notify_when: str = "always"  # as monitor/conditions.py writes it

@@ -135,8 +135,13 @@ async def test_claim_and_due_queries_use_their_indexes(
         plan = await _plan(conn, claim, None, "echo", 10, "w", timedelta(seconds=30))
         assert "runs_claim_idx" in plan, plan
         assert "Sort" not in plan and "Seq Scan on runs" not in plan, plan
+        # As the scheduler runs it: after schedule_plan_fresh, in the batch's transaction.
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(sqlfiles.queries()["schedule_plan_fresh"])
         due = sqlfiles.queries()["schedule_take_due"]
         plan = await _plan(conn, due, None, 500, 0)
+        await tx.rollback()
         assert "schedules_due_idx" in plan, plan
         assert "Seq Scan on schedules" not in plan, plan
         # The scheduler's sleep reads the earliest cursor from the same partial index.

@@ -164,10 +164,24 @@ def lines(pairs: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs)
 
 
+def schema_words(schema: Any) -> str:
+    """An output schema in a few words: its title and top-level properties."""
+    if not isinstance(schema, Mapping):
+        return "none (free text)"
+    props = schema.get("properties")
+    names = ", ".join(props) if isinstance(props, Mapping) else ""
+    title = schema.get("title")
+    head = f"{title}: " if isinstance(title, str) and title else ""
+    return f"{head}a JSON object" + (f" with {names}" if names else "")
+
+
 def schedule_details(data: Mapping[str, Any], now: datetime) -> str:
     zone = data.get("timezone")
     pairs = [(title, scalar(data.get(key))) for title, key in SCHEDULE_FIELDS if key in data]
     pairs.append(("notify", notify_words(data.get("notify"))))
+    if "notify_when" in data:
+        pairs.append(("notify when", str(data.get("notify_when") or "always")))
+        pairs.append(("output schema", schema_words(data.get("output_schema"))))
     reason = data.get("pause_reason")
     pairs.append(("state", state(data, now) + (f" ({reason})" if reason else "")))
     if data.get("enabled"):

@@ -4,6 +4,8 @@ the API request body (``ScheduleCreate``/``SchedulePatch``) the flags make."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from promptsched import budgets
@@ -19,6 +21,7 @@ FIELDS = {
     "jitter": "jitter", "dst_gap": "dst_gap", "dst_fold": "dst_fold",
     "pause_after_failures": "pause_after_failures",
     "cron": "cron", "rrule": "rrule", "at": "at", "every": "every",
+    "notify_when": "notify_when",
 }  # fmt: skip
 CLEARABLE = ("model", "catchup_window", "jitter")  # an empty value clears these
 
@@ -94,6 +97,27 @@ def notify(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any] 
     return result
 
 
+def output_schema(path: str) -> dict[str, Any] | None:
+    """The JSON Schema in the file (``-``: standard input); an empty path clears it."""
+    if path == "":
+        return None
+    try:
+        if path == "-":
+            text = sys.stdin.read(1 << 20)
+        else:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read(1 << 20)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError("--output-schema", f"cannot read {path}: {exc}") from None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError("--output-schema", f"{path} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValidationError("--output-schema", f"{path} holds no JSON object")
+    return value
+
+
 def fields(args: argparse.Namespace) -> dict[str, Any]:
     """The schedule fields the flags give (absent flags are absent)."""
     body: dict[str, Any] = {}
@@ -106,6 +130,8 @@ def fields(args: argparse.Namespace) -> dict[str, Any]:
         if key == "pause_after_failures" and value == 0:
             value = None
         body[key] = value
+    if getattr(args, "output_schema", None) is not None:
+        body["output_schema"] = output_schema(args.output_schema)
     if getattr(args, "no_budget", False):
         if getattr(args, "budget", None):
             raise ValidationError("--no-budget", "cannot be combined with --budget")
@@ -173,4 +199,16 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
         "tokens/day=200000 (repeatable" + (")" if creating else "; replaces the current budget)"),
     )
     cmd.add_argument("--no-budget", action="store_true", help="no budget for this schedule")
+    cmd.add_argument(
+        "--notify-when",
+        metavar="WHEN",
+        help="when a success notifies: always (default), changed, changed /pointer, /pointer, "
+        "/pointer == JSON, /pointer != JSON (docs/monitors.md)",
+    )
+    cmd.add_argument(
+        "--output-schema",
+        metavar="FILE",
+        help="a JSON Schema file every answer must match (-: standard input"
+        + (")" if creating else "; an empty value removes it)"),
+    )
     cmd.add_argument("--json", action="store_true", help="print the schedule as JSON")

@@ -12,6 +12,8 @@ from promptsched.domain import ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import ValidationError
 from promptsched.executors import budget, echo, openai, template
+from promptsched.monitor import conditions
+from promptsched.monitor import schema as output_schemas
 from promptsched.ops import notify_targets
 from promptsched.schedule import overlap, spec
 from promptsched.tools.base import Catalog
@@ -20,7 +22,7 @@ EDITABLE = frozenset({
     "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
     "misfire_grace", "catchup_window", "overlap", "max_attempts", "timeout", "jitter",
     "dst_gap", "dst_fold", "pause_after_failures", "cron", "rrule", "at", "every", "kind",
-    "expression", "notify", "budget",
+    "expression", "notify", "budget", "output_schema", "notify_when",
 })  # fmt: skip
 
 
@@ -171,12 +173,29 @@ def validate(
             raw.get("notify"), allow=webhook_allow, current=current_notify
         ),
         budget=budgets.validate(raw.get("budget")),
+        **_monitor(raw, params),
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
     spec_of(values)  # raises naming expression / timezone
     _check_provider_params(values, provider_kinds or {}, tools)
     return values
+
+
+def _monitor(raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``output_schema`` and ``notify_when``, checked together (docs/monitors.md)."""
+    schema = output_schemas.check(raw.get("output_schema"))
+    condition = conditions.parse(raw.get("notify_when"))
+    if condition.structured and schema is None:
+        raise ValidationError(
+            "notify_when",
+            f"{conditions.text(condition)!r} reads the structured output: set an output_schema",
+        )
+    if schema is not None and "response_format" in params:
+        raise ValidationError(
+            "params.response_format", "the output_schema sets the response format: remove this"
+        )
+    return {"output_schema": schema, "notify_when": conditions.text(condition)}
 
 
 def _check_provider_params(

@@ -79,6 +79,19 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
         "cost_per_day, tokens_per_month, cost_per_month (UTC day and month; cost in the "
         "price table's unit); null or {} for none",
     },
+    "output_schema": {
+        "type": ["object", "null"],
+        "description": "the JSON Schema every answer must match (an object at its root; at "
+        "most 16,384 bytes and 24 levels): openai-kind providers are asked for it as "
+        "structured output, the webhook provider is sent it, and an answer that does not "
+        "match is asked again once, then the run is dead (docs/monitors.md); null for none",
+    },
+    "notify_when": {
+        "type": ["string", "null"],
+        "maxLength": 500,
+        "description": "when a success notifies: always (default), changed, changed /pointer, "
+        "/pointer (truthy), /pointer == JSON, /pointer != JSON (docs/monitors.md)",
+    },
 }
 if "notify" in inputs.EDITABLE:  # the notification targets, once the service accepts them
     SCHEDULE_FIELDS["notify"] = {
@@ -114,6 +127,8 @@ _SCHEDULE_OUT: dict[str, Schema] = {
     "budget": {"type": ["object", "null"], "description": "the schedule's spend limits"},
     "vars": {"type": ["object", "null"], "description": "a follow-up's template variables"},
     "followup_key": {"type": ["string", "null"], "description": "a follow-up's key"},
+    "output_schema": {"type": ["object", "null"], "description": "the answers' JSON Schema"},
+    "notify_when": {"type": "string", "description": "when a success notifies"},
     "next_fire_at": nullable(TIME),
     "version": {"type": "integer"},
     "created_at": TIME,

@@ -70,7 +70,7 @@ class DB(Protocol):
 SCHEDULE_EDITABLE = (
     "name", "kind", "expression", "timezone", "dst_gap", "dst_fold", "prompt", "provider",
     "model", "params", "misfire_policy", "misfire_cap", "misfire_grace", "catchup_window",
-    "overlap_policy", "max_attempts", "timeout", "jitter",
+    "overlap_policy", "max_attempts", "timeout", "jitter", "output_schema", "notify_when",
 )  # fmt: skip
 SCHEDULE_INSERT_COLUMNS = (
     "owner",

@@ -2,10 +2,10 @@
 INSERT INTO schedules (
     owner, name, kind, expression, timezone, dst_gap, dst_fold, prompt, provider, model, params,
     misfire_policy, misfire_cap, misfire_grace, catchup_window, overlap_policy, max_attempts,
-    timeout, jitter, enabled, next_fire_at, pause_after_failures, notify, budget, vars,
-    followup_key)
+    timeout, jitter, output_schema, notify_when, enabled, next_fire_at, pause_after_failures,
+    notify, budget, vars, followup_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20, $21, $22, $23, $24, $25, $26)
+        $20, $21, $22, $23, $24, $25, $26, $27, $28)
 RETURNING *;
 
 -- name: schedule_get
@@ -20,10 +20,15 @@ SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 -- Transaction-local, so it holds behind a transaction pooler and leaves no session state;
 -- schedule_plan_cached sets it back for the tick, whose cached plan is the better one (a
 -- custom plan sees the batch's 5,000 ids and joins them to schedules with a full scan).
-SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
+-- Sorting is off for the take too: due schedules are read in cursor order from
+-- schedules_due_idx, never sorted after a full scan. Under stale statistics (a table never
+-- analyzed, whose row count Postgres guesses from its pages and the columns' default widths)
+-- the sort looked cheaper for a few thousand schedules, and any new column tipped it.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+       set_config('enable_sort', 'off', true);
 
 -- name: schedule_plan_cached
-SET LOCAL plan_cache_mode TO DEFAULT;
+SELECT set_config('plan_cache_mode', 'auto', true), set_config('enable_sort', 'on', true);
 
 -- name: schedule_take_due
 -- Lock up to $2 due schedules in cursor order; SKIP LOCKED lets several schedulers share the
@@ -189,8 +194,9 @@ UPDATE schedules
 SET name = $3, kind = $4, expression = $5, timezone = $6, dst_gap = $7, dst_fold = $8,
     prompt = $9, provider = $10, model = $11, params = $12, misfire_policy = $13,
     misfire_cap = $14, misfire_grace = $15, catchup_window = $16, overlap_policy = $17,
-    max_attempts = $18, timeout = $19, jitter = $20, next_fire_at = $21,
-    pause_after_failures = $22, notify = $23, budget = $24, version = version + 1,
+    max_attempts = $18, timeout = $19, jitter = $20, output_schema = $21, notify_when = $22,
+    next_fire_at = $23, pause_after_failures = $24, notify = $25, budget = $26,
+    version = version + 1,
     updated_at = now()
 WHERE id = $1 AND version = $2
 RETURNING *;

@@ -1,0 +1,2 @@
+"""What a monitor's answer means: its JSON Schema (``schema.py``), when it notifies
+(``conditions.py``), and what changed between two answers (``changes.py``). Pure: no I/O."""

@@ -1,0 +1,179 @@
+"""A schedule's ``output_schema``: checked when it is saved (size, depth, a valid JSON Schema
+with local references only, an object at the root), an answer read as JSON and checked against
+it with the failing path named (jsonschema, Draft 2020-12 unless the schema says otherwise)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+from jsonschema import exceptions as schema_errors
+
+from promptsched.errors import ValidationError
+
+FIELD = "output_schema"
+# The schema as compact JSON at most, and its nesting (objects and arrays of the document).
+MAX_BYTES = 16_384
+MAX_DEPTH = 24
+# A validation error quotes the answer; this much of it at most.
+MESSAGE_CHARS = 300
+_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+_FENCED = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def pointer(path: Iterable[Any]) -> str:
+    """A JSON Pointer (RFC 6901) from a path of keys and indexes; ``""`` is the root."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def _where(path: Iterable[Any]) -> str:
+    return pointer(path) or "the root"
+
+
+def _depth(value: Any, limit: int) -> int:
+    """The nesting of a JSON document, counted no further than ``limit + 1``."""
+    stack, deepest = [(value, 1)], 0
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if deepest > limit:
+                return deepest
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _refs(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("$ref", "$dynamicRef"):
+                yield (*path, key), item
+            yield from _refs(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _refs(item, (*path, index))
+
+
+def check(value: Any) -> dict[str, Any] | None:
+    """The schema as stored, or None (no schema); raises ``ValidationError`` naming
+    ``output_schema`` and where in it the problem is."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValidationError(FIELD, "must be a JSON Schema object (or null for none)")
+    schema = dict(value)
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_BYTES:
+        raise ValidationError(
+            FIELD, f"is too large ({size:,} bytes as JSON, at most {MAX_BYTES:,})"
+        )
+    if _depth(schema, MAX_DEPTH) > MAX_DEPTH:
+        raise ValidationError(FIELD, f"nests deeper than {MAX_DEPTH} levels")
+    dialect = schema.get("$schema")
+    if dialect is not None and _DIALECTS.get(str(dialect).rstrip("#")) is None:
+        known = ", ".join(_DIALECTS)
+        raise ValidationError(
+            FIELD, f"at /$schema: unknown dialect {dialect!r:.80}; known: {known}"
+        )
+    try:
+        _validator_class(schema).check_schema(schema)
+    except schema_errors.SchemaError as exc:
+        message = _clip(exc.message)
+        raise ValidationError(
+            FIELD, f"is not a valid JSON Schema: at {_where(exc.absolute_path)}: {message}"
+        ) from None
+    for path, ref in _refs(schema):
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise ValidationError(
+                FIELD, f"at {_where(path)}: only references within the schema (#...) are allowed"
+            )
+    if schema.get("type") != "object":
+        raise ValidationError(
+            FIELD, 'must describe a JSON object at its root ("type": "object"), as structured '
+            "outputs require",
+        )  # fmt: skip
+    return schema
+
+
+_DIALECTS: dict[str, Any] = {
+    "https://json-schema.org/draft/2020-12/schema": jsonschema.Draft202012Validator,
+    "https://json-schema.org/draft/2019-09/schema": jsonschema.Draft201909Validator,
+    "http://json-schema.org/draft-07/schema": jsonschema.Draft7Validator,
+    "http://json-schema.org/draft-06/schema": jsonschema.Draft6Validator,
+    "http://json-schema.org/draft-04/schema": jsonschema.Draft4Validator,
+}
+
+
+def _validator_class(schema: Mapping[str, Any]) -> Any:
+    dialect = schema.get("$schema")
+    found = _DIALECTS.get(str(dialect).rstrip("#")) if dialect is not None else None
+    return found or jsonschema.Draft202012Validator
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
+
+
+@lru_cache(maxsize=256)
+def _validator(text: str) -> Any:
+    # Cached by the schema's text: every run of a schedule checks against the same schema.
+    schema = json.loads(text)
+    return _validator_class(schema)(schema)
+
+
+def key(schema: Mapping[str, Any]) -> str:
+    """The schema's canonical text (the validator cache's key)."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def read_answer(text: str) -> Any:
+    """The answer's JSON: the whole text, or the one fenced block it is made of. Raises
+    ``ValueError`` in our words when it is not JSON."""
+    body = text.strip()
+    fenced = _FENCED.match(body)
+    if fenced is not None:
+        body = fenced.group(1).strip()
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"the answer is not JSON ({_clip(str(exc))})") from None
+
+
+def problem(schema: Mapping[str, Any], data: Any) -> str | None:
+    """Why ``data`` does not match ``schema`` (``at /path: message``), or None when it does."""
+    error = schema_errors.best_match(_validator(key(schema)).iter_errors(data))
+    if error is None:
+        return None
+    return f"at {_where(error.absolute_path)}: {_clip(error.message)}"
+
+
+def strict_compatible(schema: Mapping[str, Any]) -> bool:
+    """Whether strict structured outputs accept the schema as it is: every object lists all its
+    properties as required and allows no others (the rule OpenAI documents for ``strict``)."""
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("type") == "object" or "properties" in item:
+                props = item.get("properties", {})
+                if item.get("additionalProperties") is not False:
+                    return False
+                if not isinstance(props, dict) or set(item.get("required", [])) != set(props):
+                    return False
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def response_name(schema: Mapping[str, Any]) -> str:
+    """The ``json_schema.name`` a request gives: the schema's title as letters, digits, ``_``
+    and ``-`` (at most 64), or ``output``."""
+    title = schema.get("title")
+    name = _NAME.sub("_", title).strip("_")[:64] if isinstance(title, str) else ""
+    return name or "output"
