@@ -20,11 +20,17 @@ BROWSER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),browser-deps)
 # `make test` installs Debian's where apt-get exists, elsewhere set PROMPTSCHED_PGBOUNCER.
 PGBOUNCER      ?= /usr/sbin/pgbouncer
 PGBOUNCER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),pgbouncer-deps)
+# The alert rules' unit tests run promtool, and one test scrapes real replicas with a real
+# Prometheus (tests/test_alerts.py, tests/test_prometheus.py): `make test` installs Debian's
+# prometheus package where apt-get exists, elsewhere set PROMPTSCHED_PROMTOOL and
+# PROMPTSCHED_PROMETHEUS.
+PROMETHEUS      ?= /usr/bin/prometheus
+PROMETHEUS_DEPS := $(if $(shell command -v apt-get 2>/dev/null),prometheus-deps)
 # Test processes (pytest-xdist): most tests wait on real services, leases and signals rather
 # than on the CPU, so three share two cores well. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps
+.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
 
 install: $(DEV_STAMP)
 
@@ -48,7 +54,7 @@ $(DEV_STAMP): $(RUN_STAMP)
 run: install-run
 	$(BIN)/promptsched run $(ARGS)
 
-test: install $(BROWSER_DEPS) $(PGBOUNCER_DEPS)
+test: install $(BROWSER_DEPS) $(PGBOUNCER_DEPS) $(PROMETHEUS_DEPS)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 browser-deps:
@@ -70,6 +76,17 @@ pgbouncer-deps:
 	echo "installing pgbouncer for the connection-pooler tests"; \
 	$(SUDO) apt-get update -q && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer
+
+prometheus-deps:
+	@if [ -x $(PROMETHEUS) ] && [ -x /usr/bin/promtool ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "prometheus-deps: no apt-get here: install Prometheus and promtool and set" \
+	       "PROMPTSCHED_PROMETHEUS / PROMPTSCHED_PROMTOOL (docs/observability.md)" >&2; exit 1; \
+	fi; \
+	echo "installing prometheus (and promtool) for the alert and scrape tests"; \
+	$(SUDO) apt-get update -q && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  prometheus
 
 test-fast: install
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)

@@ -287,6 +287,8 @@ SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 TARGET_LABELS = {"le", "instance", "job", "pod", "namespace", "service", "container", "endpoint"}
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool"}
 KEYWORDS |= {"and", "or", "unless", "inf", "nan"}
+# label_replace(v, "dst", "replacement", "src", "regex"): the dst label it writes.
+_REPLACED = r',\s*"(\w+)",\s*"[^"]*",\s*"[^"]*",\s*"[^"]*"\s*\)'
 
 
 def exported() -> dict[str, set[str]]:
@@ -382,6 +384,7 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(source: str) -> No
             unknown = labels - names.get(name, set()) - TARGET_LABELS
             problems += [f"{name} has no label {label} (in {expr})" for label in sorted(unknown)]
         known = set().union(*(names.get(name, set()) for name in series)) | TARGET_LABELS
+        known |= set(re.findall(_REPLACED, expr))  # labels label_replace() adds
         problems += [f"no label {label} (in {expr})" for label in grouping_labels(expr) - known]
     assert problems == []
     assert len(used) >= 8, f"the {source} reads suspiciously few metrics: {sorted(used)}"
