@@ -406,6 +406,32 @@ def test_the_extractor_sees_names_and_not_functions_or_labels() -> None:
     assert "promptsched_ticks" not in exported(), "a counter is exported as ..._total"
 
 
+# Gauges the stats leader reads for the whole fleet: they follow the fleet, not the replica.
+FLEET_GAUGES = {
+    "promptsched_queue_depth",
+    "promptsched_oldest_pending_age_seconds",
+    "promptsched_held_runs",
+    "promptsched_stuck_runs",
+    "promptsched_outbox_depth",
+}
+
+
+def test_every_dashboard_query_honours_the_fleet_and_replica_selectors() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [value for key, value in _walk(dashboard["panels"]) if key == "expr"]
+    problems = []
+    for expr in exprs:
+        selected = dict(re.findall(r"([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}", expr))
+        for name in metric_names(expr):
+            body = selected.get(name, "")
+            wanted = ['job=~"$job"']
+            if name not in FLEET_GAUGES and name != "promptsched_stats_leader":
+                wanted.append('instance=~"$instance"')
+            problems += [f"{name} without {w} in {expr}" for w in wanted if w not in body]
+    assert problems == []
+    assert len(exprs) >= 30
+
+
 def test_the_dashboard_covers_every_promise() -> None:
     used = set().union(*(metric_names(expr) for expr in dashboard_exprs()))
     wanted = {
@@ -429,6 +455,9 @@ def test_the_dashboard_covers_every_promise() -> None:
         "promptsched_worker_slots",
         "promptsched_stuck_runs",
         "promptsched_scheduler_last_tick_timestamp_seconds",
+        "promptsched_held_runs",
+        "promptsched_role_errors_total",
+        "promptsched_llm_cost_total",
     }
     assert wanted - used == set()
 
