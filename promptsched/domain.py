@@ -208,6 +208,8 @@ class ClaimedRun:
     over_budget: dict[str, Any] | None = None
     vars: dict[str, Any] | None = None  # template variables (a follow-up's)
     followup_key: str | None = None  # set for a follow-up's checks
+    output_schema: dict[str, Any] | None = None  # the JSON Schema its answer must match
+    notify_when: str = "always"  # when its success notifies (monitor/conditions.py)
 
 
 @dataclass(frozen=True, slots=True)

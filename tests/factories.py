@@ -37,11 +37,15 @@ async def schedule(
     prompt: str = "hello",
     timezone: str = "UTC",
     misfire: str = "run_once",
+    output_schema: dict[str, Any] | None = None,
+    notify_when: str = "always",
+    notify: dict[str, Any] | None = None,
 ) -> int:
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
-        "overlap_policy, enabled, next_fire_at, timezone, misfire_policy) "
-        "VALUES ('test', $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+        "overlap_policy, enabled, next_fire_at, timezone, misfire_policy, output_schema, "
+        "notify_when, notify) VALUES ('test', $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, "
+        "$11, $12, $13, $14) RETURNING id",
         kind,
         expression,
         prompt,
@@ -53,6 +57,9 @@ async def schedule(
         next_fire_at,
         timezone,
         misfire,
+        output_schema,
+        notify_when,
+        notify or {},
     )
     return sid
 

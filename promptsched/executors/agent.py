@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ import structlog
 from promptsched.durations import format_duration
 from promptsched.errors import PermanentError, ValidationError
 from promptsched.executors import budget as budgets
-from promptsched.executors import http_client
+from promptsched.executors import http_client, structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Step
 from promptsched.tools.base import Tool, ToolError, clip
 
@@ -149,11 +149,40 @@ async def run(
     loop = Loop(chat, request, provider, model, params, budget, resolved)
     wall = request.timeout
     if wall is None:
-        return await loop.run(messages)
+        return await _answer(loop, messages, request, provider)
     with anyio.move_on_after(max(0.0, wall - _margin(wall))):
-        return await loop.run(messages)
+        return await _answer(loop, messages, request, provider)
     limit = format_duration(timedelta(seconds=wall))
     raise PermanentError(f"agent: time budget of {limit} exceeded (the schedule's timeout)")
+
+
+async def ask_again(
+    messages: list[dict[str, Any]],
+    first: ExecutionResult,
+    why: str,
+    ask: Callable[[], Awaitable[ExecutionResult]],
+) -> ExecutionResult:
+    """The second chance of an answer outside its schema: the answer and what is wrong with it
+    join the conversation, and the model is asked again."""
+    messages.append({"role": "assistant", "content": first.output})
+    messages.append({"role": "user", "content": structured.repair_message(why)})
+    return await ask()
+
+
+async def _answer(
+    loop: Loop, messages: list[dict[str, Any]], request: ExecutionRequest, provider: str
+) -> ExecutionResult:
+    schema = request.output_schema
+    if schema is None:
+        return await loop.run(messages)
+
+    async def ask() -> ExecutionResult:
+        return await loop.run(messages)
+
+    return await structured.answer(
+        schema, ask, lambda first, why: ask_again(messages, first, why, ask),
+        provider=provider, cumulative=True,
+    )  # fmt: skip
 
 
 class Loop:

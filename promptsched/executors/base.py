@@ -53,6 +53,8 @@ class ExecutionRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     progress: Progress | None = None
+    # the JSON Schema the answer must match (a schedule's output_schema), or None: free text
+    output_schema: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class ExecutionResult:
     # the provider's structured answer, when it has one (the webhook provider's JSON body):
     # a follow-up's check reads its decision from it (executors/decision.py)
     answer: Mapping[str, Any] | None = None
+    # the answer's JSON, checked against the request's output_schema (executors/structured.py)
+    data: Any = None
 
 
 class Executor(Protocol):

@@ -11,6 +11,7 @@ import anyio
 
 from promptsched.durations import parse_duration
 from promptsched.errors import PermanentError, RetryableError, ValidationError
+from promptsched.executors import structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 
 
@@ -82,13 +83,23 @@ class EchoExecutor:
             if str(params.get("fail_permanent", "")).lower() in _TRUTHY:
                 raise PermanentError(message, usage=usage)
             raise RetryableError(message, usage=usage)
-        output = f"echo: {request.prompt}"
+        # With an output_schema the answer is the prompt itself, so a JSON prompt is a valid
+        # answer (demos and tests of monitors); a second ask answers the same.
+        schema = request.output_schema
+        output = request.prompt if schema is not None else f"echo: {request.prompt}"
         completion_tokens = len(output.split())
-        return ExecutionResult(
+        result = ExecutionResult(
             output=output,
             usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                    "total_tokens": prompt_tokens + completion_tokens},
         )  # fmt: skip
+        if schema is None:
+            return result
+
+        async def same(*_: object) -> ExecutionResult:
+            return result
+
+        return await structured.answer(schema, same, same, provider=self.name)
 
     async def aclose(self) -> None:
         return None

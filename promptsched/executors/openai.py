@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, http_client
+from promptsched.executors import agent, http_client, structured
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
-from promptsched.executors.settings import ProviderSettings
+from promptsched.executors.settings import ProviderSettings, StructuredOutput
+from promptsched.monitor import schema as output_schema
 
 SYSTEM_PARAM = "system"
 
@@ -130,6 +131,23 @@ def validate_params(params: Mapping[str, Any]) -> None:
     generation_params(params)
 
 
+def response_format(schema: Mapping[str, Any], mode: StructuredOutput) -> dict[str, Any]:
+    """How the request asks for an answer in ``schema`` (OpenAI's structured outputs):
+    ``json_schema``, strict when the provider allows it (``strict``) and the schema is one
+    strict mode accepts, or the ``json_object`` fallback."""
+    if mode == "json_object":
+        return {"type": "json_object"}
+    strict = mode == "strict" and output_schema.strict_compatible(schema)
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": output_schema.response_name(schema),
+            "schema": dict(schema),
+            "strict": strict,
+        },
+    }
+
+
 def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A fresh conversation: the optional system prompt, then the rendered prompt."""
     messages: list[dict[str, Any]] = []
@@ -220,14 +238,28 @@ class OpenAIExecutor:
         except ValidationError as exc:
             raise PermanentError(f"{self.name}: {exc}") from None
         messages = build_messages(request.prompt, request.params)
+        schema = request.output_schema
+        if schema is not None:
+            mode = self._settings.structured_output
+            params = {**params, "response_format": response_format(schema, mode)}
+            if mode == "json_object":  # the schema goes in words, and json_object needs "JSON"
+                messages.insert(0, {"role": "system", "content": structured.instructions(schema)})
         if budgets.is_agent_run(request.params):
             return await agent.run(
                 self.chat_completion, request, provider=self.name, model=model, params=params,
                 messages=messages, tools=self._tools,
             )  # fmt: skip
-        reply = await self.chat_completion(messages, model=model, params=params)
-        output = agent.answer_text(reply, self.name)
-        return ExecutionResult(output=output, usage=reply.usage or None)
+
+        async def ask() -> ExecutionResult:
+            reply = await self.chat_completion(messages, model=model, params=params)
+            return ExecutionResult(agent.answer_text(reply, self.name), usage=reply.usage or None)
+
+        if schema is None:
+            return await ask()
+        return await structured.answer(
+            schema, ask, lambda first, why: agent.ask_again(messages, first, why, ask),
+            provider=self.name,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -40,8 +40,14 @@ _KEYS: dict[str, str | None] = {
     "max_concurrency": "MAX_CONCURRENCY",
     "rate_per_second": "RATE",
     "tokens_per_minute": "TOKENS_PER_MINUTE",
+    "structured_output": "STRUCTURED_OUTPUT",
     "headers": None,
 }
+# How an openai-kind provider is asked for an answer in a schedule's output_schema
+# (docs/monitors.md): strict json_schema where the schema allows it, json_schema, or the
+# json_object fallback (the schema in the conversation); every answer is checked here anyway.
+StructuredOutput = Literal["strict", "json_schema", "json_object"]
+STRUCTURED_OUTPUTS: tuple[StructuredOutput, ...] = ("strict", "json_schema", "json_object")
 _HINTS = {
     "model": "default_model",
     "request_timeout": "timeout",
@@ -76,6 +82,7 @@ class ProviderSettings:
     # real provider; for ``echo`` only when a limit was set (its default is a local cap).
     fleet: bool = True
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    structured_output: StructuredOutput = "strict"
     # Where base_url was set (TOML key or variable), for startup errors about it.
     base_url_field: str | None = field(default=None, compare=False)
 
@@ -229,6 +236,7 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         tokens_per_minute=_optional_positive_int(raw.get("tokens_per_minute")),
         fleet=kind != "echo" or any(key in raw for key in _LIMITS),
         headers=_headers(raw.get("headers")),
+        structured_output=_structured_output(raw.get("structured_output")),
         base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )
 
@@ -323,6 +331,15 @@ def _rate(item: _Value | None) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(item.field, "must be a positive number (unset it for no rate limit)")
     return cast(float, value)
+
+
+def _structured_output(item: _Value | None) -> StructuredOutput:
+    if item is None:
+        return "strict"
+    value = str(item.value).strip().lower()
+    if value not in STRUCTURED_OUTPUTS:
+        raise ConfigError(item.field, f"must be one of {', '.join(STRUCTURED_OUTPUTS)}")
+    return value
 
 
 def _headers(item: _Value | None) -> Mapping[str, str]:

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
-from promptsched.executors import http_client
+from promptsched.executors import http_client, structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings
 
@@ -32,14 +32,22 @@ def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any
         "prompt": request.prompt,
         "model": model,
         "params": dict(request.params),
+        # the JSON Schema the answer must match (docs/monitors.md), or null: free text
+        "output_schema": dict(request.output_schema) if request.output_schema else None,
     }
 
 
-def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
+def parse_reply(
+    reply: http_client.HttpReply, provider: str, *, structured_answer: bool = False
+) -> ExecutionResult:
     """A JSON object with a string ``output`` gives that (and its ``usage``); any other body is
     the output as text. A JSON object is also the answer a follow-up's check reads its
-    decision from (``recheck_in``, ``recheck_at``)."""
+    decision from (``recheck_in``, ``recheck_at``). With ``structured_answer`` (a schedule with
+    an output_schema) the answer's JSON is ``output`` when that is an object, else the body
+    itself when it has no ``output``; a string ``output`` is read as JSON text."""
     text = reply.text()
+    if structured_answer:
+        return _structured_reply(text)
     try:
         data = json.loads(text)
     except ValueError:
@@ -58,6 +66,27 @@ def parse_reply(reply: http_client.HttpReply, provider: str) -> ExecutionResult:
         if isinstance(value, int) and not isinstance(value, bool)
     }
     return ExecutionResult(output=output, usage=counts or None, answer=data)
+
+
+def _structured_reply(text: str) -> ExecutionResult:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ExecutionResult(output=text)
+    if not isinstance(data, dict):
+        return ExecutionResult(output=text)
+    usage = data.get("usage")
+    counts = {
+        key: value
+        for key, value in (usage.items() if isinstance(usage, dict) else ())
+        if isinstance(value, int) and not isinstance(value, bool)
+    } or None
+    output = data.get("output", data)
+    if isinstance(output, dict):
+        return ExecutionResult(
+            output=json.dumps(output, ensure_ascii=False), usage=counts, answer=data, data=output
+        )
+    return ExecutionResult(output=str(output), usage=counts, answer=data)
 
 
 class WebhookExecutor:
@@ -97,6 +126,24 @@ class WebhookExecutor:
         headers = http_client.request_headers(settings.headers, settings.api_key)
         headers["Idempotency-Key"] = idempotency_key(request.run_id)
         payload = build_payload(request, request.model or settings.default_model)
+        schema = request.output_schema
+        if schema is None:
+            return await self._post(payload, headers)
+
+        async def again(first: ExecutionResult, why: str) -> ExecutionResult:
+            # The second chance: the same request, told what was wrong with the first answer.
+            retry = {**payload, "validation_error": why, "previous_output": first.output}
+            return await self._post(retry, headers, structured_answer=True)
+
+        return await structured.answer(
+            schema, lambda: self._post(payload, headers, structured_answer=True), again,
+            provider=self.name,
+        )  # fmt: skip
+
+    async def _post(
+        self, payload: dict[str, Any], headers: dict[str, str], *, structured_answer: bool = False
+    ) -> ExecutionResult:
+        settings = self._settings
         try:
             reply = await http_client.post_json(
                 self._http.get(),
@@ -107,7 +154,7 @@ class WebhookExecutor:
                 request_timeout=settings.request_timeout.total_seconds(),
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
-            return parse_reply(reply, self.name)
+            return parse_reply(reply, self.name, structured_answer=structured_answer)
         except netguard.AddressRefused as exc:  # from the resolver, after DNS
             raise self._refused(exc) from None
         except ExecutorError as exc:

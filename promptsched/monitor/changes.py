@@ -47,6 +47,12 @@ def fingerprint(output: str | None, data: Any = _MISSING) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def pointer_fingerprint(found: bool, value: Any) -> str:
+    """The fingerprint of the value at a JSON Pointer (``changed /pointer``); a missing value
+    has one of its own."""
+    return fingerprint(None, value) if found else hashlib.sha256(b"absent").hexdigest()
+
+
 def text_diff(old: str, new: str, *, old_name: str, new_name: str) -> list[str]:
     """A unified diff of two texts by line (one line of context), without trailing newlines;
     empty when they are equal after whitespace normalisation."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from promptsched.errors import ValidationError
@@ -86,6 +87,12 @@ def parse(text: str | None) -> Condition:
             FIELD, f"{words!r:.60}: compare with == or != (a pointer has no spaces)"
         )
     return Condition("truthy", _pointer(words))
+
+
+@lru_cache(maxsize=1024)
+def parsed(text: str) -> Condition:
+    """``parse`` of a stored condition, cached: every run of a schedule reads the same one."""
+    return parse(text)
 
 
 def text(condition: Condition) -> str:

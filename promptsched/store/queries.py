@@ -404,6 +404,8 @@ def _claimed_run(row: Record) -> ClaimedRun:
         over_budget=row["over_budget"],
         vars=row["vars"],
         followup_key=row["followup_key"],
+        output_schema=row["output_schema"],
+        notify_when=row["notify_when"],
     )
 
 
@@ -542,6 +544,11 @@ class Finish:
     notice: dict[str, Any] | None = None  # a reached budget the owner is told of (once)
     # a follow-up's check that ended: {"decision": {...} | None} (followup_record)
     check: dict[str, Any] | None = None
+    output_json: Any = None  # a success's structured answer (a schedule with an output_schema)
+    # a monitor's notification decision made by the worker ({"notify", "reason", "when"}), or
+    # what a `changed` monitor's finish compares ({"fingerprint", "what"}: monitor_decide)
+    decision: dict[str, Any] | None = None
+    watch: dict[str, Any] | None = None
 
 
 async def run_finish_many(
@@ -564,6 +571,9 @@ async def run_finish_many(
         [f.notice for f in batch],
         [f.check for f in batch],
         worker_id,
+        [f.output_json for f in batch],
+        [f.decision for f in batch],
+        [f.watch for f in batch],
     )
     assert row is not None
     return set(row["landed"])

@@ -7,6 +7,7 @@ attempt can end is one line of a table test (tests/test_attempt.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from promptsched import budgets
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
 from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionResult
+from promptsched.monitor import changes, conditions
 from promptsched.retry import RetryPolicy, decide
 from promptsched.roles.worker.heartbeat import StopReason
 from promptsched.store import queries
@@ -101,6 +103,32 @@ def settle(
         error=outcome.message,
         usage=usage,
     )
+
+
+def watched(run: ClaimedRun, item: queries.Finish, outcome: Outcome) -> queries.Finish:
+    """A success's structured output, and what decides whether it notifies (docs/monitors.md):
+    a condition on the structured output is decided here; ``changed`` leaves a fingerprint
+    for the finish to compare with the schedule's memory (monitor_decide)."""
+    if item.status != RunStatus.SUCCEEDED or not isinstance(outcome, ExecutionResult):
+        return item
+    data = outcome.data
+    item = dataclasses.replace(item, output_json=data)
+    condition = conditions.parsed(run.notify_when)
+    if condition.kind == "always":
+        return item
+    if condition.kind == "changed":
+        if condition.pointer:
+            found, value = conditions.resolve(data, condition.pointer)
+            mark = changes.pointer_fingerprint(found and data is not None, value)
+        elif data is not None:
+            mark = changes.fingerprint(outcome.output, data)
+        else:
+            mark = changes.fingerprint(outcome.output)
+        watch = {"fingerprint": mark, "what": condition.pointer or "output"}
+        return dataclasses.replace(item, watch=watch)
+    verdict = conditions.decide(condition, data)
+    decision = {"notify": verdict.notify, "reason": verdict.reason, "when": run.notify_when}
+    return dataclasses.replace(item, decision=decision)
 
 
 def skip_disabled(run: ClaimedRun) -> queries.Finish:

@@ -38,6 +38,7 @@ from promptsched.roles.worker.attempt import (
     settle,
     skip_disabled,
     skip_over_budget,
+    watched,
 )
 from promptsched.roles.worker.finalizer import Finalizer, Outcome
 from promptsched.roles.worker.fleet import Fleet
@@ -180,6 +181,7 @@ class AttemptRunner:
             model=row.model,
             params=params,
             timeout=row.timeout_seconds,
+            output_schema=row.output_schema,
             progress=_counting_usage(attempt, AttemptLog(
                 self.pool, self.clock, self.metrics,
                 run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,
@@ -214,6 +216,7 @@ class AttemptRunner:
             usage=self._account(row, attempt.provider, usage),
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
+        item = watched(row, item, outcome)
         provider = attempt.provider
         if row.followup_key is not None and isinstance(outcome, ExecutionResult):
             if item.status == RunStatus.SUCCEEDED:

@@ -182,6 +182,74 @@ BEGIN
     RETURN owed;
 END
 $$;
+CREATE FUNCTION public.monitor_decide(run_ids bigint[], attempt_ids uuid[], watches jsonb[], at timestamp with time zone) RETURNS TABLE(id bigint, decision jsonb)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    item record;
+    sched bigint;
+    last_run bigint;
+    last_fp text;
+    dirty boolean := false;
+    what text;
+BEGIN
+    IF run_ids IS NULL OR cardinality(run_ids) = 0 THEN
+        RETURN;
+    END IF;
+    FOR item IN
+        SELECT u.run_id, r.schedule_id, u.watch
+        FROM unnest(run_ids, attempt_ids, watches) AS u (run_id, attempt_id, watch)
+        JOIN runs r ON r.id = u.run_id AND r.attempt_id = u.attempt_id AND r.status = 'running'
+        ORDER BY r.schedule_id, u.run_id
+        FOR UPDATE OF r
+    LOOP
+        IF sched IS DISTINCT FROM item.schedule_id THEN
+            IF dirty THEN
+                PERFORM monitor_remember(sched, last_run, last_fp, at);
+            END IF;
+            sched := item.schedule_id;
+            PERFORM pg_advisory_xact_lock(hashtextextended('promptsched.monitor:' || sched, 0));
+            SELECT m.run_id, m.fingerprint INTO last_run, last_fp
+            FROM monitor_memory m WHERE m.schedule_id = sched;
+            IF NOT FOUND THEN
+                last_run := NULL;
+                last_fp := NULL;
+            END IF;
+            dirty := false;
+        END IF;
+        what := coalesce(item.watch ->> 'what', 'output');
+        id := item.run_id;
+        IF last_fp IS NULL THEN
+            decision := jsonb_build_object('notify', true, 'when', 'changed',
+                'reason', format('first %s: nothing to compare with', what));
+        ELSIF last_fp = item.watch ->> 'fingerprint' THEN
+            decision := jsonb_build_object('notify', false, 'when', 'changed', 'since', last_run,
+                'reason', format('%s unchanged since run %s', what, last_run));
+        ELSE
+            decision := jsonb_build_object('notify', true, 'when', 'changed', 'since', last_run,
+                'reason', format('%s changed since run %s', what, last_run));
+        END IF;
+        IF (decision ->> 'notify')::boolean THEN
+            last_run := item.run_id;
+            last_fp := item.watch ->> 'fingerprint';
+            dirty := true;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+    IF dirty THEN
+        PERFORM monitor_remember(sched, last_run, last_fp, at);
+    END IF;
+END
+$$;
+CREATE FUNCTION public.monitor_remember(p_schedule bigint, p_run bigint, p_fingerprint text, at timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO monitor_memory (schedule_id, run_id, fingerprint, updated_at)
+    VALUES (p_schedule, p_run, p_fingerprint, at)
+    ON CONFLICT (schedule_id) DO UPDATE
+    SET run_id = excluded.run_id, fingerprint = excluded.fingerprint,
+        updated_at = excluded.updated_at
+$$;
 CREATE FUNCTION public.notify_targets_of(notify jsonb) RETURNS TABLE(channel text, target jsonb)
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -210,7 +278,7 @@ CREATE FUNCTION public.notify_targets_of(notify jsonb) RETURNS TABLE(channel tex
     ) AS c (channel, target)
     WHERE c.target IS NOT NULL
 $$;
-CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statuses text[], at timestamp with time zone) RETURNS integer
+CREATE FUNCTION public.outbox_owe(run_ids bigint[], schedule_ids bigint[], statuses text[], at timestamp with time zone, decisions jsonb[] DEFAULT NULL::jsonb[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -223,13 +291,16 @@ BEGIN
             SELECT s.id FROM schedules s
             WHERE s.id = ANY (schedule_ids) AND s.notify <> '{}'::jsonb))
     )
-    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key,
+    INSERT INTO outbox (run_id, schedule_id, channel, target, event, idempotency_key, details,
                         available_at, created_at)
     SELECT f.id, f.schedule_id, c.channel, c.target, f.status,
-           format('promptsched-%s-%s-%s', f.id, f.status, c.channel), at, at
-    FROM unnest(run_ids, schedule_ids, statuses) AS f (id, schedule_id, status)
+           format('promptsched-%s-%s-%s', f.id, f.status, c.channel),
+           CASE WHEN f.status = 'succeeded' THEN f.decision END, at, at
+    FROM unnest(run_ids, schedule_ids, statuses, decisions) AS f (id, schedule_id, status, decision)
     JOIN channels c ON c.schedule_id = f.schedule_id
-    WHERE (f.status = 'succeeded' AND c.on_success) OR (f.status = 'dead' AND c.on_failure)
+    WHERE (f.status = 'succeeded' AND c.on_success
+           AND coalesce((f.decision ->> 'notify')::boolean, true))
+       OR (f.status = 'dead' AND c.on_failure)
     ON CONFLICT (idempotency_key) DO NOTHING;
     GET DIAGNOSTICS written = ROW_COUNT;
     RETURN written;
@@ -402,6 +473,12 @@ CREATE TABLE public.leaders (
     renewed_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT leaders_expiry_after_renewal CHECK ((expires_at > renewed_at))
+);
+CREATE TABLE public.monitor_memory (
+    schedule_id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    fingerprint text NOT NULL,
+    updated_at timestamp with time zone NOT NULL
 );
 CREATE TABLE public.schedules (
     id bigint NOT NULL,
@@ -655,6 +732,8 @@ ALTER TABLE ONLY public.followups
     ADD CONSTRAINT followups_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.leaders
     ADD CONSTRAINT leaders_pkey PRIMARY KEY (name);
+ALTER TABLE ONLY public.monitor_memory
+    ADD CONSTRAINT monitor_memory_pkey PRIMARY KEY (schedule_id);
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_idempotency_key_key UNIQUE (idempotency_key);
 ALTER TABLE ONLY public.outbox
@@ -703,6 +782,8 @@ ALTER TABLE ONLY public.followup_checks
     ADD CONSTRAINT followup_checks_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.followups(schedule_id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.followups
     ADD CONSTRAINT followups_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.monitor_memory
+    ADD CONSTRAINT monitor_memory_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.outbox

@@ -57,7 +57,7 @@ WITH candidates AS (
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
-              s.vars, s.followup_key
+              s.vars, s.followup_key, s.output_schema, s.notify_when
 ), seen AS (
     -- A full claim met no contention worth counting and skips the second read: CASE
     -- evaluates its ELSE branch only when it is reached. run_claimable_count
@@ -126,7 +126,7 @@ WITH admit AS (
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
-              s.vars, s.followup_key
+              s.vars, s.followup_key, s.output_schema, s.notify_when
 ), spend AS (
     -- The rate bucket after this claim took its runs' tokens (under the same lock).
     INSERT INTO provider_buckets (provider, tokens, updated_at)
@@ -177,13 +177,30 @@ CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
-                $8::interval[], $9::text[], $10::text[], $11::jsonb[], $12::jsonb[])
+                $8::interval[], $9::text[], $10::text[], $11::jsonb[], $12::jsonb[],
+                $14::jsonb[], $15::jsonb[], $16::jsonb[])
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
-              attempt_status, notice, followup)
+              attempt_status, notice, followup, output_json, decision, watch)
+), decided AS MATERIALIZED (
+    -- A `changed` monitor's success is decided against its schedule's memory before its
+    -- update (monitor_decide, 0021_monitor_decide.sql; it locks the rows it decides for, so
+    -- it decides for exactly the rows this update then finds current). Nothing to decide: an
+    -- empty call.
+    SELECT d.id, d.decision
+    FROM monitor_decide(ARRAY(SELECT id FROM input WHERE watch IS NOT NULL
+                                                    AND status = 'succeeded'),
+                        ARRAY(SELECT attempt_id FROM input WHERE watch IS NOT NULL
+                                                            AND status = 'succeeded'),
+                        ARRAY(SELECT watch FROM input WHERE watch IS NOT NULL
+                                                       AND status = 'succeeded'),
+                        coalesce($1::timestamptz, now())) AS d
 ), finished AS (
     UPDATE runs r
     SET status = i.status,
         output = CASE WHEN i.status = 'succeeded' THEN i.output ELSE r.output END,
+        output_json = CASE WHEN i.status = 'succeeded' THEN i.output_json ELSE r.output_json END,
+        notify_decision = CASE WHEN i.status = 'succeeded' THEN coalesce(d.decision, i.decision)
+                          END,
         usage = CASE WHEN i.status = 'succeeded' THEN i.usage ELSE r.usage END,
         -- totals over every attempt, whatever its outcome (the usage carries its cost)
         tokens = r.tokens + coalesce((i.usage ->> 'total_tokens')::bigint, 0),
@@ -199,9 +216,10 @@ WITH input AS (
         worker_id = CASE WHEN i.status = 'succeeded' THEN r.worker_id END,
         cancel_requested = false
     FROM input i
+    LEFT JOIN decided d ON d.id = i.id
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
     RETURNING r.id, r.schedule_id, r.status, r.attempts, r.attempt_started_at, i.attempt_id,
-              i.attempt_status, i.error, i.usage, i.notice, i.followup
+              i.attempt_status, i.error, i.usage, i.notice, i.followup, r.notify_decision
 ), ended AS (
     INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
                                 finished_at, error, usage)
@@ -213,7 +231,7 @@ WITH input AS (
     -- Invariant 5: what the finished runs owe (outbox_owe, 0007_outbox_owe.sql) is written by
     -- this very statement, so the outbox rows exist exactly when the finish landed.
     SELECT outbox_owe(array_agg(f.id), array_agg(f.schedule_id), array_agg(f.status),
-                      coalesce($1::timestamptz, now())) AS written
+                      coalesce($1::timestamptz, now()), array_agg(f.notify_decision)) AS written
     FROM finished f
 ), noticed AS (
     -- A run skipped for a reached budget owes one notice per scope and period (budget_owe,
