@@ -168,6 +168,10 @@ class OwedNotification:
     error: str | None
     finished_at: datetime | None
     details: Any = None  # digest: {"dropped": {reason: slots}, "total", "period_start", ...}
+    output_json: Any = None  # a monitor's structured answer
+    # a `changed` monitor's success: the output of the run it was compared with
+    previous_output: str | None = None
+    previous_json: Any = None
 
 
 @dataclass(frozen=True, slots=True)

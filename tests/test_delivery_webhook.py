@@ -96,6 +96,9 @@ async def test_a_delivery_carries_the_payload_key_and_a_verifiable_signature(
             "finished_at": "2026-03-02T09:00:04+00:00",
         },
         "output": "the answer",
+        "output_json": None,
+        "notify": None,
+        "changes": None,
         "error": None,
     }
     header = request.headers["Promptsched-Signature"]

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from promptsched import budgets
 from promptsched.domain import OutboxEvent
 from promptsched.errors import PromptschedError
+from promptsched.monitor import changes
 from promptsched.secret import Secret
 
 # Outputs beyond this are cut (with a note) so one huge answer cannot clog a mailbox.
@@ -42,8 +43,12 @@ class Notification:
     webhook_secret: Secret | None = None
     chat_url: Secret | None = None  # slack | discord | ntfy: the URL (a credential)
     # digest: {"dropped": {reason: slots}, "total", "period_start", ...}; budget: the verdict
-    # {"scope", "period", "unit", "limit", "spent", "period_start", "key"}
+    # {"scope", "period", "unit", "limit", "spent", "period_start", "key"}; succeeded: a
+    # monitor's decision {"notify", "reason", "when", "since"} (docs/monitors.md)
     details: Any = None
+    output_json: Any = None  # a monitor's structured answer
+    previous_output: str | None = None  # a `changed` monitor: the run it was compared with
+    previous_json: Any = None
 
     @property
     def succeeded(self) -> bool:
@@ -87,6 +92,9 @@ def outcome_words(notification: Notification) -> str:
     if notification.event == OutboxEvent.DIGEST:
         total = (notification.details or {}).get("total", 0)
         return f"DROPPED {total} tick{'s' if total != 1 else ''}"
+    found = decision(notification)
+    if found is not None and found.get("when") == "changed" and "since" in found:
+        return "CHANGED"
     return {
         OutboxEvent.SUCCEEDED: "succeeded",
         OutboxEvent.PAUSED: "PAUSED after repeated failures",
@@ -196,6 +204,91 @@ def report_lines(notification: Notification) -> list[str]:
             f"- its output: {clip(' '.join((notification.output or '').split()), 500)}",
         ]
     return digest_lines(notification)
+
+
+def decision(notification: Notification) -> dict[str, Any] | None:
+    """A monitor's decision to notify of this success (why, and the run it was compared
+    with), or None for a schedule that notifies on every success."""
+    details = notification.details
+    if notification.succeeded and isinstance(details, dict) and "reason" in details:
+        return details
+    return None
+
+
+def what_changed(notification: Notification) -> list[changes.Change] | list[str] | None:
+    """A `changed` monitor's difference from the run it was compared with: the JSON paths with
+    their old and new values, or a unified diff of the text (at most ``changes.MAX_*``); None
+    when it was not compared (a first output, another condition, or that run is gone)."""
+    found = decision(notification)
+    n = notification
+    if found is None or found.get("when") != "changed" or "since" not in found:
+        return None
+    if n.output_json is not None and n.previous_json is not None:
+        return changes.json_changes(n.previous_json, n.output_json)[: changes.MAX_PATHS]
+    if n.previous_output is None:
+        return None
+    lines = changes.text_diff(
+        n.previous_output, n.output or "",
+        old_name=f"run {found['since']}", new_name=f"run {n.run_id}",
+    )  # fmt: skip
+    return lines[: changes.MAX_DIFF_LINES]
+
+
+def changes_json(notification: Notification) -> dict[str, Any] | None:
+    """``what_changed`` for a webhook: ``{"since_run", "paths": [{path, old, new}]}`` or
+    ``{"since_run", "diff": "..."}``."""
+    found = what_changed(notification)
+    decided = decision(notification)
+    if found is None or decided is None:
+        return None
+    since = decided.get("since")
+    if notification.output_json is not None:
+        paths = [c.json() for c in found if isinstance(c, changes.Change)]
+        return {"since_run": since, "paths": paths}
+    return {"since_run": since, "diff": "\n".join(str(line) for line in found)}
+
+
+def output_text(notification: Notification, *, markdown: bool = True) -> str:
+    """The output as a message shows it: a structured answer as a readable list (Markdown, or
+    plain text), else the text."""
+    if notification.output_json is not None:
+        return "\n".join(changes.readable(notification.output_json, bold=markdown))
+    return notification.output or ""
+
+
+def monitor_markdown(notification: Notification) -> str:
+    """A monitor's why and what changed, in Markdown, before the output; '' otherwise."""
+    found = decision(notification)
+    if found is None:
+        return ""
+    parts = [f"**Why:** {found['reason']}"]
+    differences = what_changed(notification)
+    if differences:
+        if isinstance(differences[0], changes.Change):
+            items = [f"- `{_line(c)}`" for c in differences]
+            parts.append("**What changed:**\n\n" + "\n".join(items))
+        else:
+            fence = "`" * 3
+            body = "\n".join(str(line) for line in differences).replace(fence, "'" * 3)
+            parts.append(f"**What changed:**\n\n{fence}diff\n{body}\n{fence}")
+    return "\n\n".join([*parts, "**Output:**"]) + "\n\n"
+
+
+def _line(change: changes.Change | str) -> str:
+    return change.line() if isinstance(change, changes.Change) else change
+
+
+def monitor_lines(notification: Notification) -> list[str]:
+    """A monitor's why and what changed as plain-text lines (the email's text part)."""
+    found = decision(notification)
+    if found is None:
+        return []
+    lines = [f"Why:      {found['reason']}"]
+    differences = what_changed(notification)
+    if differences:
+        lines += ["", "What changed:", ""]
+        lines += [f"  {_line(c)}" for c in differences]
+    return lines
 
 
 def run_link(public_url: str | None, notification: Notification) -> str | None:

@@ -25,8 +25,10 @@ from promptsched.delivery import (
     DeliveryError,
     Notification,
     dialects,
+    monitor_markdown,
     next_steps,
     outcome_words,
+    output_text,
     report_lines,
     run_link,
 )
@@ -62,7 +64,7 @@ def _body_text(notification: Notification) -> str:
     """The Markdown the message carries: the output, or what to do next and the error."""
     n = notification
     if n.succeeded:
-        return n.output or "(no output)"
+        return (monitor_markdown(n) + output_text(n)) or "(no output)"
     if n.event in REPORTS:
         return "\n".join([str(next_steps(n)), "", *report_lines(n)])
     error = (n.error or "(no error recorded)").replace("```", "'''")

@@ -17,8 +17,10 @@ from promptsched.delivery import (
     Notification,
     clip,
     email_html,
+    monitor_lines,
     next_steps,
     outcome_words,
+    output_text,
     report_lines,
     run_link,
 )
@@ -87,7 +89,9 @@ def body(notification: Notification, public_url: str | None = None) -> str:
         lines.append(f"Details:  {link}")
     lines.append("")
     if n.succeeded:
-        lines += ["Output:", "", clip(n.output or "")]
+        monitor = monitor_lines(n)
+        output = clip(output_text(n, markdown=False))
+        lines += [*monitor, *([""] if monitor else []), "Output:", "", output]
     elif n.event in REPORTS:
         lines += [str(next_steps(n)), "", *report_lines(n)]
     else:

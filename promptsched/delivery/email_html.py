@@ -17,8 +17,10 @@ from promptsched import markup
 from promptsched.delivery import (
     REPORTS,
     Notification,
+    monitor_markdown,
     next_steps,
     outcome_words,
+    output_text,
     report_lines,
     run_link,
 )
@@ -96,7 +98,7 @@ def _content(n: Notification, link: str | None) -> str:
         return steps + f'<pre style="{STYLES["pre"]}">{_esc(error + more)}</pre>'
     limit = MAX_SOURCE_CHARS
     while True:  # at most a few rounds: each cuts the source to well under the last
-        source, clipped = clip_source(n.output or "", limit)
+        source, clipped = clip_source(monitor_markdown(n) + output_text(n), limit)
         rendered = styled(markup.render_markdown(source))
         if len(rendered) <= MAX_HTML_CHARS or limit < 1000:
             break

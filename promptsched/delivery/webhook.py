@@ -20,7 +20,14 @@ import aiohttp
 from yarl import URL
 
 from promptsched import netguard
-from promptsched.delivery import REPORTS, DeliveryError, Notification, clip
+from promptsched.delivery import (
+    REPORTS,
+    DeliveryError,
+    Notification,
+    changes_json,
+    clip,
+    decision,
+)
 from promptsched.domain import OutboxEvent
 from promptsched.secret import Secret
 
@@ -55,6 +62,11 @@ def payload(notification: Notification) -> dict[str, Any]:
             "finished_at": n.finished_at.astimezone(UTC).isoformat() if n.finished_at else None,
         },
         "output": clip(n.output) if n.succeeded and n.output is not None else None,
+        # a monitor's structured answer as JSON, why this success notifies, and what changed
+        # since the run it was compared with (docs/monitors.md); null otherwise
+        "output_json": n.output_json if n.succeeded else None,
+        "notify": decision(n),
+        "changes": changes_json(n),
         "error": None if n.succeeded or n.event == OutboxEvent.DIGEST else clip(n.error or ""),
         # schedule.digest: {"dropped": {reason: slots}, "total", "period_start", "period_end"}
         # schedule.budget: {"scope", "period", "unit", "limit", "spent", "period_start", "key"}

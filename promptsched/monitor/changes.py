@@ -131,20 +131,22 @@ def json_changes(old: Any, new: Any, path: str = "") -> list[Change]:
     return [Change(path, old=old, new=new)]
 
 
-def readable(data: Any, indent: int = 0) -> list[str]:
-    """A JSON value as Markdown lines people read: an object as a list of ``**key**: value``,
-    nested values indented, an array of scalars on one line."""
+def readable(data: Any, indent: int = 0, *, bold: bool = True) -> list[str]:
+    """A JSON value as Markdown lines people read: an object as a list of ``**key**: value``
+    (``key: value`` without ``bold``, for plain text), nested values indented, an array of
+    scalars on one line."""
     pad = "  " * indent
+    mark = "**" if bold else ""
     if isinstance(data, dict):
         if not data:
             return [f"{pad}- (empty)"]
         lines: list[str] = []
         for key, value in data.items():
             if _scalar(value) or (isinstance(value, list) and all(map(_scalar, value))):
-                lines.append(f"{pad}- **{key}**: {_inline(value)}")
+                lines.append(f"{pad}- {mark}{key}{mark}: {_inline(value)}")
             else:
-                lines.append(f"{pad}- **{key}**:")
-                lines += readable(value, indent + 1)
+                lines.append(f"{pad}- {mark}{key}{mark}:")
+                lines += readable(value, indent + 1, bold=bold)
         return lines
     if isinstance(data, list):
         if all(map(_scalar, data)):
@@ -155,7 +157,7 @@ def readable(data: Any, indent: int = 0) -> list[str]:
                 lines.append(f"{pad}- {_inline(item)}")
             else:
                 lines.append(f"{pad}- item {number}:")
-                lines += readable(item, indent + 1)
+                lines += readable(item, indent + 1, bold=bold)
         return lines
     return [f"{pad}- {_inline(data)}"]
 

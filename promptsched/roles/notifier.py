@@ -98,6 +98,9 @@ def notification(row: OwedNotification) -> Notification:
         webhook_secret=Secret(secret) if secret else None,
         chat_url=Secret(row.chat_url) if row.chat_url else None,
         details=row.details,
+        output_json=row.output_json,
+        previous_output=row.previous_output,
+        previous_json=row.previous_json,
     )
 
 

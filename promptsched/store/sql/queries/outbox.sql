@@ -50,10 +50,13 @@ SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
        CASE WHEN c.channel IN ('slack', 'discord', 'ntfy') THEN n.notify -> c.channel ->> 'url'
        END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
-       r.finished_at
+       r.finished_at, r.output_json,
+       p.output AS previous_output, p.output_json AS previous_json
 FROM claimed c
 JOIN runs r ON r.id = c.run_id
 JOIN schedules s ON s.id = c.schedule_id
+-- A `changed` monitor's message shows what changed since the run it was compared with.
+LEFT JOIN runs p ON c.event = 'succeeded' AND p.id = (c.details ->> 'since')::bigint
 -- A follow-up's escalation goes to its step's own targets (followups.escalate), the rest to
 -- the schedule's.
 CROSS JOIN LATERAL (
