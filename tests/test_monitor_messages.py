@@ -8,9 +8,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from promptsched.delivery import Notification
+from promptsched.delivery import Notification, email, email_html, webhook
 from promptsched.delivery import chat as chat_channel
-from promptsched.delivery import email, email_html, webhook
 
 SLOT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 OLD = {"status": "ok", "regions": ["eu", "us"]}
