@@ -149,6 +149,9 @@ class Config:
     notifier_batch: int = 20
     notifier_max_sleep: timedelta = timedelta(seconds=5)
     digest_period: timedelta = timedelta(hours=1)
+    # How often each replica renews its row in `replicas` (ops/fleet.py, roles/presence.py):
+    # its configuration for the CLI and the console, and its liveness for `status`.
+    fleet_interval: timedelta = timedelta(seconds=10)
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
     # PROVIDER[:MODEL]=INPUT/OUTPUT per million tokens (prices.py); empty: costs are not known.
@@ -179,6 +182,8 @@ class Config:
         if self.log_format not in ("json", "console", "auto"):
             raise ConfigError("PROMPTSCHED_LOG_FORMAT", "json or console")
         self._validate_notifier()
+        if not timedelta(milliseconds=100) <= self.fleet_interval <= timedelta(minutes=5):
+            raise ConfigError("PROMPTSCHED_FLEET_INTERVAL", "must be between 100ms and 5m")
         return self
 
     def _validate_database(self) -> None:
@@ -389,6 +394,7 @@ _PARSERS: dict[str, Any] = {
     "notifier_batch": _int,
     "notifier_max_sleep": _duration,
     "digest_period": _duration,
+    "fleet_interval": _duration,
     "mcp_servers": _str,
     "prices": lambda name, text: Prices.parse(text, name),
 }

@@ -60,7 +60,7 @@ SLOT_STATES = ("busy", "idle")
 TOKEN_KINDS = ("prompt", "completion")
 THROTTLE_REASONS = ("concurrency", "rate", "tokens", "open")
 ROLES: tuple[str, ...] = ("scheduler", "worker", "heartbeat", "transcript", "notifier", "reaper")
-ROLES += ("retention", "stats")
+ROLES += ("retention", "stats", "presence")
 LISTENER_RESULTS = ("ok", "lost")
 # The stats leader's gauges (roles/stats.py): only the leader exports them.
 QUEUE_STATUSES = ("pending", "waiting_predecessor", "held_by_provider", "scheduled", "running")
@@ -248,6 +248,28 @@ class Metrics:
         self.stats_leader = self._gauge(
             "stats_leader",
             "1 when this replica leads the stats duty and exports the database-derived gauges",
+        )
+        # The fleet (roles/presence.py): every replica reads the replicas table each interval.
+        self.replicas = self._gauge(
+            "replicas",
+            "Live replicas (each publishes its configuration in the replicas table), as this "
+            "replica last read them",
+        )
+        self.config_fingerprints = self._gauge(
+            "config_fingerprints",
+            "Different configuration fingerprints the live replicas publish (1: they agree)",
+        )
+        self.config_drift = self._gauge(
+            "config_drift",
+            "1 while the live replicas publish more than one configuration fingerprint "
+            "(`promptsched status` shows what differs), else 0",
+        )
+        self.config_info = self._gauge(
+            "config_info",
+            "1, labelled with this replica's version and configuration fingerprint",
+            zero=False,
+            version="this replica's version",
+            fingerprint="its configuration fingerprint",
         )
 
     def _delivery(self) -> None:

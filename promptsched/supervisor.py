@@ -3,7 +3,9 @@ group, and turns SIGTERM into a two-phase stop (drain, then cancel)."""
 
 from __future__ import annotations
 
+import secrets
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -20,18 +22,20 @@ from promptsched.clock import Clock
 from promptsched.config import Config
 from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
-from promptsched.executors.settings import parse_providers
+from promptsched.executors.settings import ProviderSettings, parse_providers
 from promptsched.metrics import Metrics
+from promptsched.ops import fleet
 from promptsched.roles.loop import Rush
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import Notifier, build_senders
+from promptsched.roles.presence import Presence
 from promptsched.roles.reaper import Reaper
 from promptsched.roles.retention import Retention
 from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.stats import Stats
 from promptsched.roles.worker import WorkerPool, default_worker_id
 from promptsched.roles.worker.heartbeat import Heartbeat
-from promptsched.store import listen, migrate
+from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
@@ -50,7 +54,11 @@ class Supervisor:
         self.worker: WorkerPool | None = None
         self.api: api_app.ApiServer | None = None
         self.provider_kinds: dict[str, str] = {}
+        self.provider_settings: dict[str, ProviderSettings] = {}
         self.progress = ProgressHub()
+        # Unique to this process's lifetime: its row in `replicas`, and the prefix of every
+        # duty it holds in `leaders`, so `status` can say who leads what.
+        self.replica_id = f"{self.worker_id}/{secrets.token_hex(4)}"
 
     async def run(self) -> None:
         config = self.config
@@ -65,6 +73,7 @@ class Supervisor:
                 webhook_allow=str(config.webhook_allow),
             )
         settings = parse_providers(config.env, config.providers_raw)
+        self.provider_settings = settings
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
         self.default_models = {name: p.default_model for name, p in settings.items()}
         # Every series of every label value this process can know exists at 0 from here on.
@@ -128,6 +137,7 @@ class Supervisor:
         config, roles = self.config, set(self.config.roles)
         handlers: dict[str, Callable[[str | None], None]] = {}
         await tg.start(LoopProbe(self.metrics).run)  # every process, whatever its roles
+        await tg.start(self._presence(pool).run)  # published before any role starts work
         # The scheduler and the workers of one process share its cores: while the scheduler
         # writes a rush, the workers hold back to one slot (loop.Rush).
         rush = Rush()
@@ -178,7 +188,7 @@ class Supervisor:
         if "api" in roles:
             # Every replica serving /metrics competes for the stats duty; only the leader reads
             # the queue gauges from the database (roles/stats.py).
-            stats = Stats(pool, self.clock, self.metrics, holder=self.worker_id, limiters=limiters)
+            stats = Stats(pool, self.clock, self.metrics, holder=self.replica_id, limiters=limiters)
             await tg.start(stats.run)
             serving = config.api
             app = api_app.build(
@@ -192,10 +202,38 @@ class Supervisor:
                 tools=self.tools.catalog,
                 progress=self.progress,
                 retention=serving.retention,
+                published=lambda: self.published().config,
                 mounts=(console.mount,),  # the operator console: pages under / outside /v1
             )
             self.api = api_app.ApiServer(app, serving.host, serving.port)
             await tg.start(self.api.run)
+
+    def published(self) -> fleet.Published:
+        """This replica's configuration as the fleet sees it (ops/fleet.py)."""
+        return fleet.describe(
+            self.config,
+            self.provider_settings,
+            roles=self.config.roles,
+            slots=self.config.workers if "worker" in self.config.roles else 0,
+            catalog=self.tools.catalog() if set(self.config.roles) & {"worker", "api"} else None,
+        )
+
+    def _presence(self, pool: asyncpg.Pool[Any]) -> Presence:
+        def describe() -> queries.ReplicaRow:
+            published = self.published()
+            return queries.ReplicaRow(
+                id=self.replica_id, host=socket.gethostname(), version=fleet.VERSION,
+                roles=self.config.roles, slots=published.config["slots"],
+                config=published.config, fingerprint=published.fingerprint,
+            )  # fmt: skip
+
+        def in_flight() -> int:
+            return len(self.worker.inflight) if self.worker is not None else 0
+
+        return Presence(
+            pool, self.clock, self.metrics, describe=describe, in_flight=in_flight,
+            interval=self.config.fleet_interval,
+        )  # fmt: skip
 
     def _listener(
         self, pool: asyncpg.Pool[Any], handlers: dict[str, Callable[[str | None], None]]

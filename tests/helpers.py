@@ -71,10 +71,15 @@ async def admin_execute(server: EmbeddedPostgres, statement: str) -> None:
 
 
 def run_cli(
-    *args: str, dsn: str | None = None, env: Mapping[str, str] | None = None, timeout: float = 60
+    *args: str,
+    dsn: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """One ``promptsched`` command in its own process, with no ``PROMPTSCHED_*`` variables of
-    ours but the database (when ``dsn`` is given) and ``env``; its output is captured."""
+    """One ``promptsched`` command in its own process (in ``cwd``, default this one), with no
+    ``PROMPTSCHED_*`` variables of ours but the database (when ``dsn`` is given) and ``env``;
+    its output is captured."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
     if dsn:
         full_env["PROMPTSCHED_DATABASE_URL"] = dsn
@@ -86,6 +91,7 @@ def run_cli(
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 

@@ -258,6 +258,10 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
     assert run_cli.json("followups", "show", "k1", token=alice)["key"] == "k1"
     assert [f["key"] for f in run_cli.json("followups", "list", token=alice)] == ["k1"]
     assert run_cli.json("followups", "cancel", "k1", token=alice) == {"cancelled": "k1"}
+    # The fleet's status: admin tokens only (tests/test_fleet_processes.py has the rest).
+    code, _, err = run_cli("status", token=alice)
+    assert code == 1 and "admin" in err
+    assert run_cli.json("status", token=root)["fleet"]["replicas"] >= 0
 
     assert not run_cli.data_dir.exists()  # remote mode never touched an embedded database
     assert run_cli.used >= _all_commands() - LOCAL_ONLY, _all_commands() - run_cli.used

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptsched.console import timefmt
-from promptsched.human import describe
+from promptsched.console import describe, timefmt
 from promptsched.schedule import fire_times, spec
 
 CASES = [

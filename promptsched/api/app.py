@@ -23,6 +23,7 @@ from promptsched.api.handlers import (
     controls,
     events,
     explain,
+    fleet,
     followups,
     meta,
     notifications,
@@ -33,6 +34,7 @@ from promptsched.api.http import ApiError, Operation, endpoint
 from promptsched.clock import Clock
 from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
 from promptsched.metrics import Metrics
+from promptsched.ops import fleet as fleet_ops
 from promptsched.ops import validate
 from promptsched.tools.base import Catalog
 from promptsched.web.deps import DEPS, Deps
@@ -64,6 +66,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *notifications.OPERATIONS,
     *budgets.OPERATIONS,
     *followups.OPERATIONS,
+    *fleet.OPERATIONS,
     *meta.OPERATIONS,
 )
 
@@ -168,6 +171,7 @@ def build(
     tools: Callable[[], Catalog] | None = None,
     progress: ProgressHub | None = None,
     retention: timedelta | None = None,
+    published: Callable[[], Mapping[str, Any]] | None = None,
     mounts: Sequence[Callable[[web.Application], None]] = (),
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
@@ -175,6 +179,10 @@ def build(
     ``mounts`` add routes outside the API's paths after the API's own (the composition root
     mounts the operator console this way, so the API never imports it)."""
     ops = OPERATIONS
+    kinds = {name: (provider_kinds or {}).get(name, "echo") for name in providers}
+    if published is None:  # no replica behind it: its own providers and allowlist
+        document = fleet_ops.bare_document(kinds, webhook_allow)
+        published = lambda: document  # noqa: E731
     deps = Deps(
         pool=pool,
         clock=clock or Clock(),
@@ -187,6 +195,7 @@ def build(
         tools=tools,
         progress=progress or ProgressHub(),
         retention=retention,
+        published=published,
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps

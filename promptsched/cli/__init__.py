@@ -5,7 +5,6 @@ service URL and token are configured (remote mode), else through the database (d
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +17,7 @@ from promptsched.cli import (
     budget,
     common,
     completion,
+    fleet,
     followups,
     notifications,
     runs,
@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.register(sub)
     followups.register(sub)
     tokens.register(sub)
+    fleet.register(sub)
     completion.register(sub, parser)
-    for name in ("schedules", "runs", "notifications", "preview", "budget", "followups"):
+    for name in ("schedules", "runs", "notifications", "preview", "budget", "followups", "status"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():
@@ -74,9 +75,9 @@ def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> in
     3 schema mismatch, 4 not found. ``clock`` pins "now" for tests."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.clock = clock
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
     try:
-        args.clock = clock or common.pinned_clock(os.environ)
         config = configuration.load(overrides=overrides)
         return int(args.func(args, config))
     except errors.VersionConflict as exc:  # worded as the API words it

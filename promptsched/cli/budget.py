@@ -10,12 +10,13 @@ from typing import Any
 
 from promptsched import budgets
 from promptsched import config as configuration
-from promptsched.cli import backend
+from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.errors import ValidationError
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:
+    render.warn(data)
     if as_json:
         print(json.dumps(data))
         return

@@ -25,10 +25,11 @@ from promptsched.domain import RunStatus, Schedule
 from promptsched.errors import ValidationError
 from promptsched.ops import budgets as budget_ops
 from promptsched.ops import explain as explaining
+from promptsched.ops import fleet, inputs, notifications, validate, views
 from promptsched.ops import followups as followup_ops
-from promptsched.ops import inputs, notifications, validate, views
 from promptsched.ops import runs as run_ops
 from promptsched.ops import schedules as schedule_ops
+from promptsched.ops import status as fleet_status
 from promptsched.schedule import spec
 from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
@@ -71,12 +72,25 @@ class DirectBackend:
         self, conn: asyncpg.Connection[Any], dsn: str, config: configuration.Config, clock: Clock
     ) -> None:
         self.conn, self.dsn, self.config, self.clock = conn, dsn, config, clock
+        self._noted = False
 
-    def _providers(self) -> dict[str, str]:
-        from promptsched.executors.settings import parse_providers
+    async def _fleet(self) -> fleet.FleetView:
+        """What the running fleet published (this shell's environment when no replica runs,
+        said once on stderr: stdout carries the command's output)."""
+        found = await fleet.view(self.conn, self.clock, lambda: fleet.local(self.config))
+        if found.note is not None and not self._noted:
+            self._noted = True
+            print(f"promptsched: note: {found.note}", file=sys.stderr)
+        return found
 
-        providers = parse_providers(self.config.env, self.config.providers_raw)
-        return {name: provider.kind for name, provider in providers.items()}
+    async def _checks(self, found: fleet.FleetView, params: Any) -> dict[str, Any]:
+        """Input checks: the fleet's providers and allowlist; its tools when it published
+        them, else this environment's (asked for only when the schedule lists tools)."""
+        uses_tools = isinstance(params, dict) and "tools" in params
+        tools = found.catalog if found.source == "fleet" else None
+        if uses_tools and tools is None:
+            tools = await _tool_catalog(self.config, params)
+        return found.checks(tools if uses_tools else None)
 
     async def _schedule_row(self, schedule_id: int) -> Schedule:
         row = await queries.schedule_get(self.conn, schedule_id, None)
@@ -85,19 +99,14 @@ class DirectBackend:
         return row
 
     async def create_schedule(self, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
-        kinds = self._providers()
-        values = inputs.validate(
-            body,
-            providers=list(kinds),
-            provider_kinds=kinds,
-            webhook_allow=self.config.webhook_allow,
-            tools=await _tool_catalog(self.config, body.get("params")),
-        )
+        found = await self._fleet()
+        values = inputs.validate(body, **await self._checks(found, body.get("params")))
         async with self.conn.transaction():
             row = await schedule_ops.create_schedule(
                 self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR
             )
-        return views.schedule(row, with_next=True, reveal_secret=True)
+        data = views.schedule(row, with_next=True, reveal_secret=True)
+        return _warned(data, fleet.schedule_warnings(found, values))
 
     async def list_schedules(
         self, *, owner: str | None, name: str | None, limit: int
@@ -112,18 +121,10 @@ class DirectBackend:
         spend = await budget_ops.schedule_spend(self.conn, row, self.clock)
         return {**views.schedule(row, with_next=True), "spend": spend}
 
-    async def schedule_names(self, ids: list[int]) -> dict[int, tuple[str, str]]:
-        found = {}
-        for schedule_id in ids:  # one connection: one query at a time
-            row = await queries.schedule_get(self.conn, schedule_id, None)
-            if row is not None:
-                found[schedule_id] = (row.name, row.timezone)
-        return found
-
     async def update_schedule(
         self, schedule_id: int, patch: dict[str, Any], version: int | None
     ) -> dict[str, Any]:
-        kinds = self._providers()
+        found = await self._fleet()
         before = await self._schedule_row(schedule_id)
         row = await schedule_ops.update_schedule(
             self.conn,
@@ -132,14 +133,12 @@ class DirectBackend:
             patch,
             owner=None,
             actor=CLI_ACTOR,
-            providers=list(kinds),
-            provider_kinds=kinds,
-            webhook_allow=self.config.webhook_allow,
             expected_version=version,
-            tools=await _tool_catalog(self.config, patch.get("params")),
+            **await self._checks(found, patch.get("params")),
         )
         rotated = views.webhook_secret(before) != views.webhook_secret(row)
-        return views.schedule(row, with_next=True, reveal_secret=rotated)
+        data = views.schedule(row, with_next=True, reveal_secret=rotated)
+        return _warned(data, fleet.schedule_warnings(found, row))
 
     async def pause_schedule(
         self, schedule_id: int, until: str | None, reason: str | None
@@ -279,12 +278,10 @@ class DirectBackend:
     async def create_followup(
         self, body: dict[str, Any], owner: str | None
     ) -> tuple[bool, dict[str, Any]]:
-        kinds = self._providers()
+        found = await self._fleet()
         return await followup_ops.create(
             self.conn, self.clock, body, owner=owner or "default", actor=CLI_ACTOR,
-            providers=list(kinds), provider_kinds=kinds,
-            webhook_allow=self.config.webhook_allow,
-            tools=await _tool_catalog(self.config, body.get("params")),
+            **await self._checks(found, body.get("params")),
         )  # fmt: skip
 
     async def get_followup(self, key: str, owner: str | None) -> dict[str, Any]:
@@ -309,11 +306,21 @@ class DirectBackend:
             self.conn, owner or "default", state, before_id=None, limit=limit
         )
 
+    async def status(self) -> dict[str, Any]:
+        return await fleet_status.gather(self.conn, self.clock)
+
     async def get_budget(self, owner: str | None) -> dict[str, Any]:
         return await budget_ops.owner_budget(self.conn, owner or "default", self.clock)
 
     async def set_budget(self, owner: str | None, budget: dict[str, Any]) -> dict[str, Any]:
-        return await budget_ops.set_owner_budget(self.conn, owner or "default", budget, self.clock)
+        data = await budget_ops.set_owner_budget(self.conn, owner or "default", budget, self.clock)
+        warning = fleet.cost_warning(await self._fleet(), data["budget"], None, "budget")
+        return _warned(data, [warning] if warning else [])
+
+
+def _warned(data: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """The API's answer: ``warnings`` only when there are some."""
+    return {**data, "warnings": warnings} if warnings else data
 
 
 def preview_locally(query: dict[str, Any], clock: Clock) -> dict[str, Any]:

@@ -11,8 +11,9 @@ from promptsched.console.context import Ctx, redirect
 from promptsched.console.html import Template
 from promptsched.errors import ValidationError
 from promptsched.ops import budgets as budget_ops
+from promptsched.ops import fleet
 
-_PAGE = Template("""<section class="card">
+_PAGE = Template("""$warning<section class="card">
 <p class="lead">Limits on what all of <strong>$owner</strong>'s schedules may spend together.
 A run that would start once a limit is reached is not sent: it is skipped (reason budget)
 until the UTC day or month ends, and you hear once per period through each schedule's failure
@@ -26,6 +27,7 @@ $error<form method="post" action="/budget" class="schedule-form">
 <div class="actions"><button type="submit" class="button primary">Save budget</button>
 <a href="/">Cancel</a></div>
 </form>""")
+_WARNING = Template('<p class="flash warn" role="status">$text</p>\n')
 _ERROR = Template('<p class="flash error" role="alert">Not saved: $field — $message</p>\n')
 
 
@@ -34,7 +36,10 @@ async def _render(
 ) -> web.Response:
     data = await budget_ops.owner_budget(ctx.deps.pool, ctx.who.owner, ctx.deps.clock)
     shown = values if values is not None else form_page.budget_values(data["budget"])
+    seen = await fleet.current(ctx.deps.pool, ctx.deps.clock, ctx.deps.published)
+    warning = fleet.cost_warning(seen, data["budget"], None, "budget")
     body = _PAGE(
+        warning=_WARNING(text=warning) if warning else "",
         owner=ctx.who.owner,
         budget=budgets.describe(data["budget"]),
         spend=schedule_parts.spend_words(data["spend"]),

@@ -11,11 +11,10 @@ from typing import Any
 from aiohttp import web
 
 from promptsched import budgets, domain, errors, offload
-from promptsched.console import form_page, layout, notify_form, timefmt
+from promptsched.console import describe, form_page, layout, notify_form, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
-from promptsched.human import describe
-from promptsched.ops import inputs, lookups, validate, views
+from promptsched.ops import fleet, inputs, lookups, validate, views
 from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import overlap, spec
 
@@ -137,12 +136,10 @@ async def new_form(ctx: Ctx) -> web.StreamResponse:
     return _render(ctx, values)
 
 
-def _validate(ctx: Ctx, raw: dict[str, Any]) -> domain.ScheduleInput:
+async def _checks(ctx: Ctx) -> dict[str, Any]:
+    """Input is checked against what the running fleet published (ops/fleet.py)."""
     deps = ctx.deps
-    return inputs.validate(
-        raw, providers=deps.providers, provider_kinds=deps.provider_kinds,
-        webhook_allow=deps.webhook_allow,
-    )  # fmt: skip
+    return (await fleet.current(deps.pool, deps.clock, deps.published)).checks()
 
 
 async def create(ctx: Ctx) -> web.StreamResponse:
@@ -151,7 +148,7 @@ async def create(ctx: Ctx) -> web.StreamResponse:
         return _render(ctx, values)
     try:
         raw = {**_raw(values), "notify": notify_form.notify_input(values, None)}
-        checked = _validate(ctx, raw)
+        checked = inputs.validate(raw, **await _checks(ctx))
         async with ctx.deps.pool.acquire() as conn, conn.transaction():
             row = await schedule_ops.create_schedule(
                 conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor
@@ -202,8 +199,7 @@ async def save(ctx: Ctx) -> web.StreamResponse:
         async with deps.pool.acquire() as conn:
             row = await schedule_ops.update_schedule(
                 conn, deps.clock, sid, patch, owner=ctx.scope, actor=ctx.who.actor,
-                providers=deps.providers, provider_kinds=deps.provider_kinds,
-                webhook_allow=deps.webhook_allow, expected_version=version,
+                expected_version=version, **await _checks(ctx),
             )  # fmt: skip
     except ValidationError as exc:
         return _render(

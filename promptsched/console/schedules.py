@@ -8,13 +8,12 @@ from urllib.parse import urlencode
 import asyncpg
 from aiohttp import web
 
-from promptsched.console import layout, runs, schedule_parts, timefmt
+from promptsched.console import describe, layout, runs, schedule_parts, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import Schedule
-from promptsched.human import describe
 from promptsched.ops import budgets as budget_ops
-from promptsched.ops import lookups, schemas, views
+from promptsched.ops import fleet, lookups, schemas, views
 
 PAGE_SIZE = 50
 RUNS_PAGE = 25
@@ -44,7 +43,8 @@ _WHEN = Template(
 )
 _WORDS_ONLY = Template('<code class="expr" title="$expression">$expression</code>')
 _NOWRAP = Template('<span class="nowrap">$text</span>')
-_DETAIL = Template("""<p class="subtitle">$state
+_WARNING = Template('<p class="flash warn" role="status">$text</p>\n')
+_DETAIL = Template("""$warnings<p class="subtitle">$state
 <span class="muted">#$id · $words · $zone</span></p>
 <div class="actions">$controls</div>
 <div class="columns">
@@ -70,10 +70,10 @@ _ITEM = Template("<li>$value</li>")
 def _next_times(row: Schedule, count: int, ctx: Ctx) -> Markup:
     where = timefmt.zone(row.timezone)
     times = views.next_fire_times(row, count)
-    if not row.enabled and row.paused_until is None:
-        return Markup('<span class="muted">paused</span>')
     if not times:
         return Markup('<span class="muted">none</span>')
+    if not row.enabled and row.paused_until is None:
+        return Markup('<span class="muted">paused</span>')
     seconds = timefmt.any_seconds(times)
     if count == 1:
         return timefmt.stamp(times[0], where, ctx.now, seconds=seconds)
@@ -181,7 +181,9 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     changes = await lookups.changes_page(pool, sid, ctx.scope, None, HISTORY_PAGE)
     upcoming = views.next_fire_times(row, 1)
     default_at = upcoming[0].astimezone(where).strftime("%Y-%m-%dT%H:%M:%S") if upcoming else ""
+    seen = await fleet.current(pool, ctx.deps.clock, ctx.deps.published)
     body = _DETAIL(
+        warnings=join(_WARNING(text=text) for text in fleet.schedule_warnings(seen, row)),
         state=schedule_parts.state_badge(row, where),
         id=sid,
         words=describe.describe(row.kind, row.expression),

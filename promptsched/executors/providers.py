@@ -43,13 +43,15 @@ def build_registry(
         name: build_executor(provider, tools, webhook_allow=webhook_allow)
         for name, provider in settings.items()
     }
-    limiters = {
-        name: Limiter(
-            provider.max_concurrency,
-            provider.rate_per_second,
-            fleet=provider.fleet,
-            tokens_per_minute=provider.tokens_per_minute,
-        )
-        for name, provider in settings.items()
-    }
+    limiters = {name: build_limiter(provider) for name, provider in settings.items()}
     return Registry(executors), limiters
+
+
+def build_limiter(provider: ProviderSettings) -> Limiter:
+    """The provider's limits as one process meets them (``fleet``: they hold fleet-wide)."""
+    return Limiter(
+        provider.max_concurrency,
+        provider.rate_per_second,
+        fleet=provider.fleet,
+        tokens_per_minute=provider.tokens_per_minute,
+    )

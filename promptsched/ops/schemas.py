@@ -141,6 +141,13 @@ _SCHEDULE_EXTRA: dict[str, Schema] = {
         "description": "targets; the webhook secret and chat URLs are never shown again",
     },
     "next_fire_times": {"type": "array", "items": TIME, "description": "the next 5 slots"},
+    "warnings": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "create and update only, when there are any: what will not work as "
+        "the schedule asks though it is valid (its emails when no replica can send mail, a "
+        "cost limit when no price makes a cost known)",
+    },
     "spend": {
         "type": "object",
         "description": "GET /v1/schedules/{id} only: tokens and cost of its runs in the "
@@ -361,6 +368,12 @@ COMPONENTS: dict[str, Schema] = {
         {
             "owner": {"type": "string"},
             "budget": {"type": ["object", "null"]},
+            "warnings": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "set only, when there are any: a cost limit no price makes "
+                "reachable (PROMPTSCHED_PRICES)",
+            },
             "spend": {
                 "type": "object",
                 "description": "{day: {tokens, cost}, month: {tokens, cost}, budget: [{limit, "
@@ -433,6 +446,25 @@ COMPONENTS: dict[str, Schema] = {
         },
     },
     "Document": {"type": "object"},
+    "FleetStatus": {
+        "type": "object",
+        "description": "the fleet at a glance: fleet {replicas, fingerprints, drift, "
+        "fingerprint, versions}; replicas [{id, host, version, roles, slots, in_flight, "
+        "started_at, uptime_seconds, seen_at, seen_seconds_ago, alive, stopped_at, leads, "
+        "fingerprint, drift, differs}]; providers [{name, kind, fleet_wide, max_concurrency, "
+        "running, admitted_now, breaker, allowed_concurrency, rate_tokens, llm_tokens, "
+        "paced_for_seconds, ready, waiting, scheduled, oldest_ready_seconds, ...}]; queue "
+        "{ready, waiting, scheduled, running, lease_expired, deadline_passed}; outbox "
+        "{pending, sending, dead}",
+        "required": ["now", "fleet", "replicas", "providers", "queue", "outbox"],
+        "properties": {
+            "fleet": {"type": "object", "required": ["replicas", "fingerprints", "drift"]},
+            "replicas": {"type": "array", "items": {"type": "object"}},
+            "providers": {"type": "array", "items": {"type": "object"}},
+            "queue": {"type": "object"},
+            "outbox": {"type": "object"},
+        },
+    },
     "Status": {
         "type": "object",
         "properties": {"status": {"type": "string"}, "error": {"type": "string"}},

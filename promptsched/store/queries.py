@@ -697,6 +697,43 @@ async def leader_release(db: DB, name: str, holder: str) -> None:
     await db.execute(_Q["leader_release"], name, holder)
 
 
+# --- the fleet (fleet.sql) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRow:
+    """What one replica publishes about itself (``replicas``)."""
+
+    id: str
+    host: str
+    version: str
+    roles: Sequence[str]
+    slots: int
+    config: Mapping[str, Any]
+    fingerprint: str
+
+
+async def replica_publish(
+    db: DB, replica: ReplicaRow, in_flight: int, alive_for: timedelta, now: datetime | None
+) -> None:
+    await db.execute(
+        _Q["replica_publish"], replica.id, replica.host, replica.version, list(replica.roles),
+        replica.slots, dict(replica.config), replica.fingerprint, in_flight, alive_for, now,
+    )  # fmt: skip
+
+
+async def replica_stop(db: DB, replica_id: str, now: datetime | None) -> None:
+    await db.execute(_Q["replica_stop"], replica_id, now)
+
+
+async def replica_fingerprints(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["replica_fingerprints"], now)
+
+
+async def replica_list(db: DB, now: datetime | None, recent: timedelta) -> list[Record]:
+    return await db.fetch(_Q["replica_list"], now, recent)
+
+
 async def stats_queue_depth(db: DB, now: datetime | None) -> Record:
     row = await db.fetchrow(_Q["stats_queue_depth"], now)
     assert row is not None

@@ -3,7 +3,7 @@ read by the API's handlers and the console's pages alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -33,6 +33,9 @@ class Deps:
     tools: Callable[[], Catalog] | None = None  # this server's tools now, for save-time checks
     progress: ProgressHub = field(default_factory=ProgressHub)
     retention: timedelta | None = None  # history retention; explain answers "purged" beyond it
+    # This replica's published configuration (ops/fleet.py): what input is checked against
+    # when no replica has published one (an application built without a supervisor).
+    published: Callable[[], Mapping[str, Any]] = dict
 
     def tool_catalog(self) -> Catalog | None:
         return self.tools() if self.tools is not None else None

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from promptsched.api.http import ApiError, Call, Operation, Param, Reply, json_reply
 from promptsched.ops import budgets as budget_ops
+from promptsched.ops import fleet
 
 OWNER = Param(
     "owner", "query", {"type": "string", "minLength": 1, "maxLength": 100},
@@ -27,10 +28,11 @@ async def get(call: Call) -> web.StreamResponse:
 
 
 async def put(call: Call) -> web.StreamResponse:
-    owner = _owner(call)
-    return json_reply(
-        await budget_ops.set_owner_budget(call.deps.pool, owner, call.body, call.deps.clock)
-    )
+    owner, deps = _owner(call), call.deps
+    data = await budget_ops.set_owner_budget(deps.pool, owner, call.body, deps.clock)
+    found = await fleet.current(deps.pool, deps.clock, deps.published)
+    warning = fleet.cost_warning(found, data["budget"], None, "budget")
+    return json_reply({**data, "warnings": [warning]} if warning else data)
 
 
 OPERATIONS = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from promptsched.api.http import CURSOR, LIMIT, Call, Operation, Param, Reply, json_reply
-from promptsched.ops import followups, schemas, views
+from promptsched.ops import fleet, followups, schemas, views
 
 KEY_PARAM = Param(
     "key", "path", {"type": "string", "minLength": 1, "maxLength": 200}, required=True,
@@ -16,11 +16,11 @@ KEY_PARAM = Param(
 
 async def create(call: Call) -> web.StreamResponse:
     deps = call.deps
+    found = await fleet.current(deps.pool, deps.clock, deps.published)
     async with deps.pool.acquire() as conn:
         created, data = await followups.create(
             conn, deps.clock, call.body, owner=call.who.owner, actor=call.who.actor,
-            providers=deps.providers, provider_kinds=deps.provider_kinds,
-            webhook_allow=deps.webhook_allow, tools=deps.tool_catalog(),
+            **found.checks(deps.tool_catalog()),
         )  # fmt: skip
     return json_reply(data, status=201 if created else 200)
 

@@ -21,7 +21,7 @@ from promptsched.api.http import (
 )
 from promptsched.errors import ValidationError
 from promptsched.ops import budgets as budget_ops
-from promptsched.ops import inputs, lookups, views
+from promptsched.ops import fleet, inputs, lookups, views
 from promptsched.ops import schedules as schedule_ops
 
 
@@ -31,33 +31,31 @@ def schedule_reply(row: Any, status: int = 200, *, reveal_secret: bool = False) 
 
 
 async def schedule_reply_off_loop(
-    row: Any, status: int = 200, *, reveal_secret: bool = False
+    row: Any, status: int = 200, *, reveal_secret: bool = False, warnings: list[str] | None = None
 ) -> web.Response:
-    """``schedule_reply``, its next fire times computed off the event loop."""
+    """``schedule_reply``, its next fire times computed off the event loop; ``warnings`` (what
+    will not work as the schedule asks) when there are any."""
     data = await offload.run(
         lambda: views.schedule(row, with_next=True, reveal_secret=reveal_secret)
     )
+    if warnings:
+        data["warnings"] = warnings
     return json_reply(data, status=status, headers={"ETag": views.etag(row)})
 
 
 async def create(call: Call) -> web.StreamResponse:
     deps = call.deps
-    tools = deps.tool_catalog()
-    values = await offload.run(
-        lambda: inputs.validate(
-            call.body,
-            providers=deps.providers,
-            provider_kinds=deps.provider_kinds,
-            webhook_allow=deps.webhook_allow,
-            tools=tools,
-        )
-    )
+    # Checked against what the running fleet published (ops/fleet.py).
+    found = await fleet.current(deps.pool, deps.clock, deps.published)
+    checks = found.checks(deps.tool_catalog())
+    values = await offload.run(lambda: inputs.validate(call.body, **checks))
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await schedule_ops.create_schedule(
             conn, deps.clock, values, owner=call.who.owner, actor=call.who.actor
         )
+    warnings = fleet.schedule_warnings(found, values)
     return await schedule_reply_off_loop(
-        row, status=201, reveal_secret=True
+        row, status=201, reveal_secret=True, warnings=warnings
     )  # the webhook secret, once
 
 
@@ -104,6 +102,7 @@ async def patch(call: Call) -> web.StreamResponse:
         raise ValidationError("version", "disagrees with the If-Match header")
     expected = header_version if header_version is not None else body_version
     deps = call.deps
+    found = await fleet.current(deps.pool, deps.clock, deps.published)
     try:
         async with deps.pool.acquire() as conn:
             before = await lookups.schedule(conn, call.params["id"], call.scope)
@@ -114,11 +113,8 @@ async def patch(call: Call) -> web.StreamResponse:
                 changes,
                 owner=call.scope,
                 actor=call.who.actor,
-                providers=deps.providers,
-                provider_kinds=deps.provider_kinds,
-                webhook_allow=deps.webhook_allow,
                 expected_version=expected,
-                tools=deps.tool_catalog(),
+                **found.checks(deps.tool_catalog()),
             )
     except errors.VersionConflict as exc:
         if header_version is not None:
@@ -126,7 +122,8 @@ async def patch(call: Call) -> web.StreamResponse:
         raise
     # A new webhook secret (set or generated) is shown in the response that made it, once.
     rotated = before is not None and views.webhook_secret(before) != views.webhook_secret(row)
-    return await schedule_reply_off_loop(row, reveal_secret=rotated)
+    warnings = fleet.schedule_warnings(found, row)
+    return await schedule_reply_off_loop(row, reveal_secret=rotated, warnings=warnings)
 
 
 async def delete(call: Call) -> web.StreamResponse:

@@ -617,6 +617,20 @@ CREATE TABLE public.provider_buckets (
     llm_tokens double precision,
     llm_updated_at timestamp with time zone
 );
+CREATE TABLE public.replicas (
+    id text NOT NULL,
+    host text NOT NULL,
+    version text NOT NULL,
+    roles text[] NOT NULL,
+    slots integer NOT NULL,
+    config jsonb NOT NULL,
+    fingerprint text NOT NULL,
+    in_flight integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    seen_at timestamp with time zone NOT NULL,
+    alive_until timestamp with time zone NOT NULL,
+    stopped_at timestamp with time zone
+);
 CREATE TABLE public.runs (
     id bigint NOT NULL,
     schedule_id bigint NOT NULL,
@@ -744,6 +758,8 @@ ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.provider_buckets
     ADD CONSTRAINT provider_buckets_pkey PRIMARY KEY (provider);
+ALTER TABLE ONLY public.replicas
+    ADD CONSTRAINT replicas_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.schedule_changes
@@ -759,6 +775,7 @@ CREATE INDEX outbox_dead_idx ON public.outbox USING btree (id) WHERE (status = '
 CREATE INDEX outbox_lease_idx ON public.outbox USING btree (lease_expires_at) WHERE (status = 'sending'::text);
 CREATE INDEX outbox_run_idx ON public.outbox USING btree (run_id);
 CREATE INDEX outbox_schedule_idx ON public.outbox USING btree (schedule_id);
+CREATE INDEX replicas_alive_idx ON public.replicas USING btree (alive_until) WHERE (stopped_at IS NULL);
 CREATE UNIQUE INDEX runs_backfill_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'backfill'::text);
 CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'cadence'::text);
 CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
