@@ -27,6 +27,18 @@ from tests.helpers import admin_execute
 TEMPLATE = "promptsched_template"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Each session gets a base temporary directory of its own. By default every pytest session
+    # shares /tmp/pytest-of-<user> and resets it to mode 0700 when it starts, which locks the
+    # embedded Postgres's unprivileged user (tests run as root, Postgres does not) out of the
+    # data directories that another session's tests keep under their tmp_path: two sessions
+    # at once (two checkouts on one machine) made initdb fail at random.
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="pytest-promptsched-")
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
+
+
 async def _build_template(admin_dsn: str, template_dsn: str) -> None:
     admin = await asyncpg.connect(admin_dsn)
     try:

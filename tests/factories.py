@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +22,7 @@ from promptsched.store import pool as pools
 from promptsched.store import queries
 
 EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
+_NAMES = itertools.count(1)
 
 
 async def schedule(
@@ -40,11 +42,13 @@ async def schedule(
     output_schema: dict[str, Any] | None = None,
     notify_when: str = "always",
     notify: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> int:
+    """A schedule; without ``name``, ``test-N`` (names are unique per owner)."""
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
         "overlap_policy, enabled, next_fire_at, timezone, misfire_policy, output_schema, "
-        "notify_when, notify) VALUES ('test', $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, "
+        "notify_when, notify) VALUES ($15, $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, "
         "$11, $12, $13, $14) RETURNING id",
         kind,
         expression,
@@ -60,6 +64,7 @@ async def schedule(
         output_schema,
         notify_when,
         notify or {},
+        name or f"test-{next(_NAMES)}",
     )
     return sid
 

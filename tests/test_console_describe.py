@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptsched.console import describe, timefmt
+from promptsched.console import timefmt
+from promptsched.human import describe
 from promptsched.schedule import fire_times, spec
 
 CASES = [

@@ -73,8 +73,8 @@ async def test_place_see_and_cancel_a_followup(ui: Console, pool: asyncpg.Pool[A
     )  # fmt: skip
     page = await ui.get("/followups/order-4711?done=followup_created")
     assert page.status == 200
-    for text in ("Follow-up created.", "check again in 6h", "asked to be checked again",
-                 f"#{run}", "step 1", "after 2 checks: email boss@example.com",
+    for text in ("Follow-up created.", "check again in 6 h", "not resolved: checked again",
+                 f"#{run}", "step 1", "after 2 unresolved checks: email boss@example.com",
                  "Has order {{ order_id }} shipped?", "Cancel follow-up"):  # fmt: skip
         assert text in page.text, text
     # Another owner sees nothing of it.

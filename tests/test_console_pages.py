@@ -108,7 +108,8 @@ async def test_every_page_renders_for_its_owner_with_security_headers(
         "/": ["daily digest", "every day at 09:00", "Europe/Paris", "succeeded", "flaky"],
         f"/schedules/{sid}": ["Next fire times", "Change history", "Summarize {{ date }}",
                               "CET", "Trigger now", "Pause", "skipped: an earlier run was still "
-                              "unfinished; stands for 3 missed slot(s) (coalesced)"],
+                              "unfinished (overlap policy); stands for 3 missed slot(s) "
+                              "(coalesced)"],
         f"/schedules/{sid}?at=2026-03-02T09:00": ["verdict", "before created"],
         f"/schedules/{sid}/edit": ["Save changes", 'value="0 9 * * *"'],
         "/schedules/new": ["Create schedule", "Next fire times"],

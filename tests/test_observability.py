@@ -19,7 +19,9 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from promptsched import metrics as metric_words
 from promptsched.clock import FrozenClock
+from promptsched.domain import DeliveryOutcome, RunStatus
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import QUEUE_STATUSES, Metrics
 from promptsched.roles.stats import Stats
@@ -723,3 +725,15 @@ async def test_a_crash_a_retry_an_overlap_skip_and_a_dead_letter_move_their_coun
     # The leader's gauges came back to an empty queue; the workers export none of them.
     assert _get(worker_after, "promptsched_stats_leader") == 0
     assert not [key for key in worker_after if key[0] == "promptsched_queue_depth"]
+
+
+def test_the_metric_label_words_are_the_ledger_words() -> None:
+    # metrics.py imports nothing of ours, so its tuples repeat words domain.py and the schema
+    # define: they must not drift (a new channel or outcome gets its series at 0 too).
+    finished = {status.value for status in RunStatus if status.finished}
+    assert set(metric_words.FINAL_STATUSES) == finished
+    assert set(metric_words.DELIVERY_OUTCOMES) == {outcome.label for outcome in DeliveryOutcome}
+    schema = (ROOT / "promptsched" / "store" / "sql" / "schema.sql").read_text()
+    check = re.search(r"outbox_channel_check CHECK \(\(channel = ANY \(ARRAY\[(.*?)\]", schema)
+    assert check is not None
+    assert set(metric_words.CHANNELS) == set(re.findall(r"'(\w+)'::text", check[1]))

@@ -5,6 +5,7 @@ service URL and token are configured (remote mode), else through the database (d
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -75,9 +76,9 @@ def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> in
     3 schema mismatch, 4 not found. ``clock`` pins "now" for tests."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.clock = clock
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
     try:
+        args.clock = clock or common.pinned_clock(os.environ)
         config = configuration.load(overrides=overrides)
         return int(args.func(args, config))
     except errors.VersionConflict as exc:  # worded as the API words it

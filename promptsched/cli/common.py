@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 import anyio
 import asyncpg
 
 from promptsched import config as configuration
+from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
+from promptsched.human import text as human_text
 from promptsched.store import embedded, migrate
 from promptsched.store import pool as pools
 
 Command: TypeAlias = "Callable[[asyncpg.Connection[Any]], Awaitable[int]]"
 
 EXIT_OTHER, EXIT_BAD_INPUT, EXIT_SCHEMA, EXIT_NOT_FOUND = 1, 2, 3, 4
+NOW_ENV = "PROMPTSCHED_CLI_NOW"
 
 
 class CliError(Exception):
@@ -91,6 +94,25 @@ def db_command(config: configuration.Config, fn: Command, *, migrate_first: bool
         return run_async(lambda: with_conn(dsn, main))
 
 
+def now_of(args: argparse.Namespace) -> datetime:
+    """The renderer's now: the injected clock's instant, else this machine's. Only for
+    showing distances ("in 3 min"): no decision is taken on it, and in remote mode the
+    database's clock is not reachable."""
+    clock = getattr(args, "clock", None)
+    pinned = clock.sql_now() if clock is not None else None
+    return pinned or datetime.now(UTC)
+
+
+def pinned_clock(env: Mapping[str, str]) -> Clock | None:
+    """``PROMPTSCHED_CLI_NOW`` (an ISO instant with offset) pins the command's "now", as
+    ``main(clock=...)`` does in-process: for tests and reproducible examples of output, so a
+    real process prints the same distances ("in 3 min") every time."""
+    text = env.get(NOW_ENV)
+    if not text:
+        return None
+    return FrozenClock(instant(text, NOW_ENV))
+
+
 def instant(text: str, flag: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
@@ -101,15 +123,33 @@ def instant(text: str, flag: str) -> datetime:
     return value
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]]) -> None:
-    """Print ``rows`` under a header; each column is (title, key, width), the last one free."""
-    print("  ".join(title.ljust(width) for title, _, width in columns).rstrip())
-    for row in rows:
-        cells = []
-        for _, key, width in columns:
-            value = row.get(key)
-            text = "-" if value is None or value == "" else str(value).replace("\n", " ")
-            cells.append(text[:width].ljust(width) if width else text[:80])
-        print("  ".join(cells).rstrip())
+FREE_WIDTH = 80  # the last column's characters at most
+
+
+def table_text(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]]) -> str:
+    """``rows`` under a header; each column is (title, key, widest), the last one free (at
+    most ``FREE_WIDTH``). A column is as wide as its widest cell, up to ``widest``; a cell cut
+    to it ends with an ellipsis, so a cut value never passes for a whole one."""
+    texts = [[_cell(row.get(key)) for _, key, _ in columns] for row in rows]
+    widths = []
+    for i, (title, _, widest) in enumerate(columns):
+        longest = max((len(cells[i]) for cells in texts), default=0)
+        widths.append(max(len(title), min(longest, widest or FREE_WIDTH)))
+    widths[-1] = 0  # the last column is not padded
+    lines = ["  ".join(title.ljust(w) for (title, _, _), w in zip(columns, widths, strict=True))]
+    for cells in texts:
+        clipped = [
+            human_text.clip(c, w or FREE_WIDTH).ljust(w) for c, w in zip(cells, widths, strict=True)
+        ]
+        lines.append("  ".join(clipped))
     if not rows:
-        print("(none)")
+        lines.append("(none)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else human_text.clip(human_text.words(value), 10**6)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]]) -> None:
+    print(table_text(rows, columns))

@@ -121,6 +121,14 @@ class DirectBackend:
         spend = await budget_ops.schedule_spend(self.conn, row, self.clock)
         return {**views.schedule(row, with_next=True), "spend": spend}
 
+    async def schedule_names(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+        found = {}
+        for schedule_id in ids:  # one connection: one query at a time
+            row = await queries.schedule_get(self.conn, schedule_id, None)
+            if row is not None:
+                found[schedule_id] = (row.name, row.timezone)
+        return found
+
     async def update_schedule(
         self, schedule_id: int, patch: dict[str, Any], version: int | None
     ) -> dict[str, Any]:

@@ -5,29 +5,33 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched.cli import backend
+from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
-from promptsched.cli.common import table
+from promptsched.cli.common import now_of, table, table_text
 from promptsched.errors import ValidationError
+from promptsched.human import followups as human_followups
+from promptsched.human import times
 from promptsched.ops import followups as followup_ops
+from promptsched.ops import notify_targets
 
 _COLUMNS = (
     ("KEY", "key", 32),
-    ("STATE", "state", 10),
-    ("CHECKS", "checks", 7),
-    ("FIRST CHECK", "due_at", 26),
-    ("ENDED", "ended_reason", 0),
+    ("STATE", "state_words", 28),
+    ("CHECKS", "checks", 9),
+    ("FIRST CHECK", "first", 0),
 )
 _CHECK_COLUMNS = (
     ("#", "number", 3),
-    ("RUN", "run_id", 8),
+    ("RUN", "run_id", 7),
     ("STATUS", "status", 10),
-    ("OUTCOME", "outcome", 11),
-    ("DECISION", "decision_text", 0),
+    ("OUTCOME", "outcome_words", 28),
+    ("DECISION", "decision_words", 0),
 )
+ZONE = "UTC"  # a follow-up's instants are given with their offset; it shows them in UTC
 
 
 def _vars(pairs: list[str]) -> dict[str, str]:
@@ -66,35 +70,36 @@ def body_of(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _decision_text(check: dict[str, Any]) -> str:
-    decision = check.get("decision") or {}
-    if "recheck_in" in decision:
-        return f"check again in {decision['recheck_in']:g} s"
-    if "recheck_at" in decision:
-        return f"check again at {decision['recheck_at']}"
-    if "error" in decision:
-        return f"unreadable: {decision['error']}"
-    return "no decision (done)"
-
-
-def _print(data: dict[str, Any]) -> None:
-    state = data["state"] + (f" ({data['ended_reason']})" if data.get("ended_reason") else "")
-    print(f"key:          {data['key']}")
-    print(f"state:        {state}")
-    print(f"first check:  {data['due_at']}")
-    print(f"checks:       {data['checks_done']} of at most {data['max_checks']}, "
-          f"none after {data['horizon']}")  # fmt: skip
+def details(data: dict[str, Any], now: datetime) -> str:
+    """A follow-up with its targets, escalation, where it stands and every check."""
+    pairs = [
+        ("key", data["key"]),
+        ("state", human_followups.state_words(data["state"], data.get("ended_reason"))),
+        ("first check", times.when(data["due_at"], ZONE, now)),
+        ("checks", f"{data['checks_done']} of at most {data['max_checks']}, none after "
+                   f"{times.when(data['horizon'], ZONE, now)}"),
+    ]  # fmt: skip
     if data.get("resolution"):
-        print(f"resolution:   {data['resolution']} (every check rounded up to a multiple)")
-    if data.get("vars"):
-        print(f"vars:         {json.dumps(data['vars'], ensure_ascii=False)}")
+        pairs.append(("resolution", f"{data['resolution']} (every check rounded up to a multiple)"))
+    pairs.append(("vars", render.scalar(data.get("vars"))))
+    pairs.append(("notify", render.notify_words(data.get("notify"))))
+    steps = [f"after {s['after_checks']} unresolved checks: "
+             f"{notify_targets.words(s['notify'], when=False)}"
+             for s in data.get("escalate") or []]  # fmt: skip
+    pairs.append(("escalation", "; ".join(steps) or "none"))
     if data.get("cancelled_at"):
-        print(f"cancelled:    by {data['cancelled_by']} at {data['cancelled_at']}")
-    print(f"why:          {data['explanation']}")
-    checks = [{**c, "decision_text": _decision_text(c)} for c in data.get("checks") or []]
-    if checks:
-        print()
-        table(checks, _CHECK_COLUMNS)
+        pairs.append(("cancelled", f"by {data['cancelled_by']} "
+                                   f"{times.when(data['cancelled_at'], ZONE, now)}"))  # fmt: skip
+    pairs.append(("why", data["explanation"]))
+    text = render.lines(pairs)
+    checks = data.get("checks") or []
+    if not checks:
+        return text
+    rows = [{**c, "outcome_words": human_followups.outcome_words(c.get("outcome")),
+             "decision_words": human_followups.decision_words(
+                 c.get("decision"), ZONE, final=c.get("outcome") == "done")}
+            for c in checks]  # fmt: skip
+    return text + "\n\n" + table_text(rows, _CHECK_COLUMNS)
 
 
 def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -106,7 +111,8 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
             print(json.dumps(data))
         else:
             verb = "created" if created else "exists (same body: nothing changed)"
-            print(f"follow-up {data['key']} {verb}: first check at {data['due_at']}")
+            first = times.when(data["due_at"], ZONE, now_of(args))
+            print(f"follow-up {data['key']} {verb}: first check at {first}")
         return 0
 
     return backend.run(args, config, action)
@@ -115,10 +121,7 @@ def cmd_add(args: argparse.Namespace, config: configuration.Config) -> int:
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
         data = await api.get_followup(followup_ops.check_key(args.key), args.owner)
-        if args.json:
-            print(json.dumps(data))
-        else:
-            _print(data)
+        print(json.dumps(data) if args.json else details(data, now_of(args)))
         return 0
 
     return backend.run(args, config, action)
@@ -132,9 +135,11 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
         items = await api.list_followups(args.state, args.limit, args.owner)
         if args.json:
             print(json.dumps(items))
-        else:
-            rows = [{**i, "checks": f"{i['checks_done']}/{i['max_checks']}"} for i in items]
-            table(rows, _COLUMNS)
+            return 0
+        now = now_of(args)
+        table([{**i, "checks": f"{i['checks_done']} of {i['max_checks']}",
+                "state_words": human_followups.state_words(i["state"], i.get("ended_reason")),
+                "first": times.when(i["due_at"], ZONE, now)} for i in items], _COLUMNS)  # fmt: skip
         return 0
 
     return backend.run(args, config, action)

@@ -15,11 +15,13 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import anyio
 
 from promptsched.cli.common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_OTHER, CliError
 
 URL_ENV, TOKEN_ENV = "PROMPTSCHED_URL", "PROMPTSCHED_TOKEN"
 PAGE = 200  # the API's largest page
+CONCURRENT_LOOKUPS = 8
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
 
@@ -198,6 +200,24 @@ class RemoteBackend:
     async def get_schedule(self, schedule_id: int) -> dict[str, Any]:
         data: dict[str, Any] = await self.call("GET", f"/v1/schedules/{_path_id(schedule_id)}")
         return data
+
+    async def schedule_names(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+        """A few lookups at a time; one that fails (deleted meanwhile) is left out."""
+        found: dict[int, tuple[str, str]] = {}
+        limit = anyio.Semaphore(CONCURRENT_LOOKUPS)
+
+        async def one(schedule_id: int) -> None:
+            async with limit:
+                try:
+                    data = await self.get_schedule(schedule_id)
+                except CliError:
+                    return
+            found[schedule_id] = (data["name"], data["timezone"])
+
+        async with anyio.create_task_group() as tg:
+            for schedule_id in ids:
+                tg.start_soon(one, schedule_id)
+        return found
 
     async def update_schedule(
         self, schedule_id: int, patch: dict[str, Any], version: int | None

@@ -4,59 +4,20 @@ Python repr). ``--json`` output does not pass through here."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from promptsched import budgets
 from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
+from promptsched.human import describe, text, times
+from promptsched.human import schedules as human_schedules
 from promptsched.ops import notify_targets
 from promptsched.schedule import fire_times, spec
 
 _US = timedelta(microseconds=1)
-
-
-def relative(delta: timedelta) -> str:
-    """``delta`` = then - now, in words: "in 3 min", "5 min ago", "now"."""
-    seconds = int(delta.total_seconds())
-    future, left = seconds >= 0, abs(seconds)
-    if left < 1:
-        return "now"
-    if left < 60:
-        words = f"{left} s"
-    elif left < 3600:
-        words = f"{left // 60} min"
-    elif left < 86400:
-        hours, minutes = divmod(left // 60, 60)
-        words = f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    else:
-        days, hours = divmod(left // 3600, 24)
-        words = f"{days} d {hours} h" if hours else f"{days} d"
-    return f"in {words}" if future else f"{words} ago"
-
-
-def parse(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
-
-
-def zone_of(name: str | None) -> Any:
-    try:
-        return spec.load_zone(name or "UTC")
-    except ValidationError:
-        return UTC
-
-
-def when(value: str | datetime | None, zone: str | None, now: datetime) -> str:
-    """An instant in ``zone`` with its distance from ``now``; "-" for none."""
-    instant = parse(value) if isinstance(value, str) or value is None else value
-    if instant is None:
-        return "-"
-    local = instant.astimezone(zone_of(zone))
-    shape = "%Y-%m-%d %H:%M:%S %Z" if local.second or local.microsecond else "%Y-%m-%d %H:%M %Z"
-    return f"{local.strftime(shape)} ({relative(instant - now)})"
 
 
 def _spec(data: Mapping[str, Any]) -> spec.Spec:
@@ -69,67 +30,70 @@ def _spec(data: Mapping[str, Any]) -> spec.Spec:
     )
 
 
-def next_fire(data: Mapping[str, Any], now: datetime) -> datetime | None:
-    """The first fire time after ``now`` of an enabled schedule; None when paused or done.
-    The cursor may be behind ``now`` (slots missed while paused, or not yet ticked): those
-    are not next, the misfire policy decides them."""
-    if not data.get("enabled"):
-        return None
-    times = [parse(t) for t in data.get("next_fire_times") or []]
-    cursor = parse(data.get("next_fire_at"))
-    future = [t for t in [cursor, *times] if t is not None and t > now]
-    if future:
-        return min(future)
-    if cursor is None:
-        return None
+def _first_from(data: Mapping[str, Any], start: datetime) -> datetime | None:
+    """The first fire time at or after ``start``, by the scheduler's own code path."""
     try:
-        found = fire_times.preview(_spec(data), now, 1)
+        found = fire_times.preview(_spec(data), start - _US, 1)
     except ValidationError:
         return None
     return found[0] if found else None
 
 
+def next_fire(data: Mapping[str, Any], now: datetime) -> datetime | None:
+    """The first fire time after ``now``; None when paused without an end, or done. The
+    cursor may be behind ``now`` (slots missed while paused, or not yet ticked): those are
+    not next, the misfire policy decides them. A pause with an end skips the slots inside it,
+    so the next fire is the first slot once it ends."""
+    cursor = times.instant(data.get("next_fire_at"))
+    if not data.get("enabled"):
+        until = times.instant(data.get("paused_until"))
+        return _first_from(data, max(until, now)) if until and cursor else None
+    upcoming = [times.instant(t) for t in data.get("next_fire_times") or []]
+    future = [t for t in [cursor, *upcoming] if t is not None and t > now]
+    if future:
+        return min(future)
+    return _first_from(data, now) if cursor is not None else None
+
+
 def state(data: Mapping[str, Any], now: datetime) -> str:
-    if data.get("enabled"):
-        return "enabled"
-    until = data.get("paused_until")
-    if until:
-        return f"paused until {when(until, data.get('timezone'), now)}"
-    return "paused"
+    """``enabled``, ``done (fired once)``, ``paused until ... (in 3 min) (reason)``."""
+    return human_schedules.state_words(
+        enabled=bool(data.get("enabled")),
+        cursor=times.instant(data.get("next_fire_at")),
+        kind=str(data.get("kind")),
+        paused_until=times.instant(data.get("paused_until")),
+        reason=data.get("pause_reason"),
+        zone=data.get("timezone"),
+        now=now,
+    )
 
 
 def next_words(data: Mapping[str, Any], now: datetime) -> str:
     """What comes next, in words: a time, or why there is none."""
-    if not data.get("enabled"):
-        return "none while paused"
     found = next_fire(data, now)
-    return when(found, data.get("timezone"), now) if found else "none (no more fire times)"
+    if not data.get("enabled"):
+        if found is None:
+            return "none while paused"
+        return f"{times.when(found, data.get('timezone'), now)}, the first slot after the pause"
+    if found is None:
+        return "none (no more fire times)"
+    return times.when(found, data.get("timezone"), now)
 
 
 def missed_words(data: Mapping[str, Any], now: datetime) -> str | None:
     """A note when the cursor is behind ``now``: slots owed since then meet the misfire policy."""
-    cursor = parse(data.get("next_fire_at"))
+    cursor = times.instant(data.get("next_fire_at"))
     if not data.get("enabled") or cursor is None or cursor > now:
         return None
     return (
-        f"slots due since {when(cursor, data.get('timezone'), now)} meet the misfire "
+        f"slots due since {times.when(cursor, data.get('timezone'), now)} meet the misfire "
         f"policy ({data.get('misfire')}) at the scheduler's next tick"
     )
 
 
 def scalar(value: Any) -> str:
     """A value in words: no Python reprs."""
-    if value is None or value == "" or value == [] or value == {}:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={scalar(v)}" for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return ", ".join(scalar(v) for v in value)
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
+    return text.words(value)
 
 
 def notify_words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
@@ -138,11 +102,9 @@ def notify_words(notify: Mapping[str, Any] | None, *, secret_from: str | None = 
 
 
 def schedule_line(data: Mapping[str, Any], now: datetime) -> str:
-    reason = data.get("pause_reason")
-    shown = state(data, now) + (f" ({reason})" if reason and not data.get("enabled") else "")
     line = (
         f"schedule {data['id']} {data['name']!r}: {data['kind']} {data['expression']} "
-        f"({data['timezone']}), {shown}, next fire: {next_words(data, now)}"
+        f"({data['timezone']}), {state(data, now)}, next fire: {next_words(data, now)}"
     )
     missed = missed_words(data, now)
     return f"{line}\n  {missed}" if missed else line
@@ -176,52 +138,71 @@ def schema_words(schema: Any) -> str:
     return f"{head}a JSON object" + (f" with {names}" if names else "")
 
 
+def _fire_pairs(data: Mapping[str, Any], now: datetime) -> list[tuple[str, str]]:
+    """The next fire times (from the first after now), or why there are none."""
+    zone = data.get("timezone")
+    found = next_fire(data, now)
+    if found is None or not data.get("enabled"):
+        return [("next fire times", next_words(data, now))]
+    upcoming = [times.instant(t) for t in data.get("next_fire_times") or []]
+    shown = [t for t in upcoming if t is not None and t >= found] or [found]
+    pairs = [("next fire times" if i == 0 else "", times.when(t, zone, now))
+             for i, t in enumerate(shown)]  # fmt: skip
+    missed = missed_words(data, now)
+    return pairs + ([("", missed)] if missed else [])
+
+
+def _spend_pairs(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    spend = data.get("spend")
+    if not isinstance(spend, Mapping):
+        return []
+    pairs = []
+    for period, label in (("day", "spend today"), ("month", "spend this month")):
+        got = spend.get(period) or {}
+        pairs.append((label, f"{budgets.amount('tokens', got.get('tokens', 0))}, cost "
+                             f"{budgets.amount('cost', got.get('cost', 0))} (UTC)"))  # fmt: skip
+    pairs.append(("budget", budgets.describe(data.get("budget"))))
+    pairs.extend(("", budgets.standing_words(row)) for row in spend.get("budget") or [])
+    return pairs
+
+
 def schedule_details(data: Mapping[str, Any], now: datetime) -> str:
     zone = data.get("timezone")
     pairs = [(title, scalar(data.get(key))) for title, key in SCHEDULE_FIELDS if key in data]
+    pairs.insert(5, ("in words", describe.describe(str(data.get("kind")),
+                                                  str(data.get("expression")))))  # fmt: skip
     pairs.append(("notify", notify_words(data.get("notify"))))
     if "notify_when" in data:
         pairs.append(("notify when", str(data.get("notify_when") or "always")))
         pairs.append(("output schema", schema_words(data.get("output_schema"))))
-    reason = data.get("pause_reason")
-    pairs.append(("state", state(data, now) + (f" ({reason})" if reason else "")))
-    if data.get("enabled"):
-        found = next_fire(data, now)
-        upcoming = [parse(t) for t in data.get("next_fire_times") or []]
-        shown = [t for t in upcoming if t is not None and found is not None and t >= found]
-        if found is not None and not shown:
-            shown = [found]
-        pairs.append(("next fire times", when(shown[0], zone, now) if shown else "none"))
-        pairs.extend(("", when(t, zone, now)) for t in shown[1:])
-        missed = missed_words(data, now)
-        if missed:
-            pairs.append(("", missed))
-    else:
-        pairs.append(("next fire times", "none while paused"))
-    spend = data.get("spend")
-    if isinstance(spend, Mapping):
-        for period, label in (("day", "spend today"), ("month", "spend this month")):
-            got = spend.get(period) or {}
-            pairs.append(
-                (label, f"{got.get('tokens', 0)} tokens, cost {got.get('cost', 0):g} (UTC)")
-            )
-        pairs.append(("budget", budgets.describe(data.get("budget"))))
-        pairs.extend(("", budgets.standing_words(row)) for row in spend.get("budget") or [])
-    pairs.append(("created", when(data.get("created_at"), zone, now)))
-    pairs.append(("updated", when(data.get("updated_at"), zone, now)))
+    pairs.append(("state", state(data, now)))
+    pairs.extend(_fire_pairs(data, now))
+    pairs.extend(_spend_pairs(data))
+    pairs.append(("created", times.when(data.get("created_at"), zone, now)))
+    pairs.append(("updated", times.when(data.get("updated_at"), zone, now)))
     return lines(pairs)
 
 
-def run_details(data: Mapping[str, Any], zone: str | None, now: datetime) -> str:
-    times = ("slot", "available_at", "created_at", "started_at", "finished_at",
-             "lease_expires_at", "deadline_at")  # fmt: skip
-    skip = ("output", "attempt_history", "notifications")
+_RUN_TIMES = ("slot", "available_at", "created_at", "started_at", "finished_at",
+              "lease_expires_at", "deadline_at")  # fmt: skip
+# A finished run holds no lease and has no deadline ahead: those rows would only mislead.
+_UNFINISHED_ONLY = ("lease_expires_at", "deadline_at")
+_RUN_HIDDEN = ("output", "attempt_history", "notifications", "schedule_id")
+FINISHED = ("succeeded", "dead", "cancelled", "skipped")
+
+
+def run_details(
+    data: Mapping[str, Any], zone: str | None, now: datetime, schedule: str | None = None
+) -> str:
+    """A run's facts, times in ``zone``; ``schedule`` is its schedule's name in words."""
+    finished = data.get("status") in FINISHED
     pairs = []
     for key, value in data.items():
-        if key in skip:
+        if key in _RUN_HIDDEN or (finished and key in _UNFINISHED_ONLY):
             continue
-        shown = when(value, zone, now) if key in times and value else scalar(value)
+        shown = times.when(value, zone, now) if key in _RUN_TIMES and value else scalar(value)
         pairs.append((key.replace("_", " "), shown))
+    pairs.insert(1, ("schedule", schedule or f"#{data.get('schedule_id')}"))
     return lines(pairs)
 
 

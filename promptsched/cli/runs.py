@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched import errors
-from promptsched.cli import backend, render
+from promptsched.cli import backend, lookup, render
 from promptsched.cli.backend import Backend
-from promptsched.cli.common import CliError, table
-from promptsched.cli.schedules import now_of
+from promptsched.cli.common import now_of, table
 from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
+from promptsched.human import runs as human_runs
+from promptsched.human import times
 from promptsched.ops import followups as followup_ops
 from promptsched.ops import schemas
 
 _COLUMNS = (
-    ("ID", "id", 8),
-    ("SCHEDULE", "schedule_id", 8),
-    ("SLOT", "slot", 32),
+    ("ID", "id", 7),
+    ("SCHEDULE", "schedule", 20),
+    ("SLOT", "when", 44),
     ("ORIGIN", "origin", 8),
     ("STATUS", "status", 9),
     ("ATT", "attempts", 3),
@@ -31,7 +32,7 @@ _ATTEMPT_COLUMNS = (
     ("#", "number", 3),
     ("STATUS", "status", 9),
     ("WORKER", "worker_id", 24),
-    ("STARTED", "started", 36),
+    ("STARTED", "started", 44),
     ("ERROR", "error", 0),
 )
 
@@ -56,18 +57,31 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
         if args.json:
             print(json.dumps(data))
             return 0
-        table([{**run, "detail": run["skip_reason"] or run["error"]} for run in data], _COLUMNS)
+        table(await _rows(api, data, now_of(args)), _COLUMNS)
         return 0
 
     return backend.run(args, config, action)
 
 
-async def _zone(api: Backend, schedule_id: int) -> str:
-    try:
-        zone: str = (await api.get_schedule(schedule_id))["timezone"]
-    except (CliError, errors.NotFound):  # its schedule was deleted: UTC
-        return "UTC"
-    return zone
+def detail_words(run: dict[str, Any]) -> str:
+    """Why a run is where it is, beside its status: the skip reason in words, or its error."""
+    reason = run.get("skip_reason")
+    if reason:
+        return human_runs.skip_words(str(reason), run.get("missed_slots") or 0)
+    return str(run.get("error") or "")
+
+
+async def _rows(api: Backend, data: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """Each run with its schedule's name beside the id and its slot in the schedule's zone."""
+    named = await lookup.names(api, (run["schedule_id"] for run in data))
+    seconds = times.any_seconds(run["slot"] for run in data)
+    rows = []
+    for run in data:
+        schedule = named[run["schedule_id"]]
+        slot = times.when(run["slot"], schedule.timezone, now, seconds=seconds)
+        rows.append({**run, "schedule": schedule.words, "detail": detail_words(run),
+                     "when": slot})  # fmt: skip
+    return rows
 
 
 async def _show(args: argparse.Namespace, api: Backend, data: dict[str, Any]) -> None:
@@ -75,10 +89,11 @@ async def _show(args: argparse.Namespace, api: Backend, data: dict[str, Any]) ->
         print(json.dumps(data))
         return
     now = now_of(args)
-    zone = await _zone(api, data["schedule_id"])
-    print(render.run_details(data, zone, now))
+    schedule = (await lookup.names(api, [data["schedule_id"]]))[data["schedule_id"]]
+    zone = schedule.timezone
+    print(render.run_details(data, zone, now, schedule.words))
     print("\nattempts:")
-    attempts = [{**a, "started": render.when(a.get("started_at"), zone, now)}
+    attempts = [{**a, "started": times.when(a.get("started_at"), zone, now)}
                 for a in data["attempt_history"]]  # fmt: skip
     table(attempts, _ATTEMPT_COLUMNS)
     if data["output"] is not None:

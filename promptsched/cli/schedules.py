@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from promptsched import config as configuration
 from promptsched import errors
 from promptsched.cli import backend, render, schedule_flags
 from promptsched.cli.backend import Backend
-from promptsched.cli.common import CliError, instant, table
+from promptsched.cli.common import CliError, instant, now_of, table
 from promptsched.errors import ValidationError
+from promptsched.human import schedules as human_schedules
+from promptsched.human import times
 from promptsched.web import auth
 
 OWNER_HELP = (
@@ -33,22 +35,13 @@ _COLUMNS = (
 )
 _HISTORY_COLUMNS = (
     ("ID", "id", 6),
-    ("AT", "when", 36),
+    ("AT", "when", 44),
     ("ACTOR", "actor", 12),
     ("ACTION", "action", 8),
     ("CHANGES", "words", 0),
 )
 _RUN_COLUMNS = (("RUN", "id", 8), ("ORIGIN", "origin", 8), ("STATUS", "status", 9),
                 ("DETAIL", "detail", 0))  # fmt: skip
-
-
-def now_of(args: argparse.Namespace) -> datetime:
-    """The renderer's now: the injected clock's instant, else this machine's. Only for
-    showing distances ("in 3 min"): no decision is taken on it, and in remote mode the
-    database's clock is not reachable."""
-    clock = getattr(args, "clock", None)
-    pinned = clock.sql_now() if clock is not None else None
-    return pinned or datetime.now(UTC)
 
 
 def _print_schedule(args: argparse.Namespace, data: dict[str, Any], prefix: str = "") -> None:
@@ -139,6 +132,17 @@ def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
     return backend.run(args, config, action)
 
 
+def _list_words(item: dict[str, Any], now: datetime) -> dict[str, str]:
+    """The STATE and NEXT FIRE cells: a paused schedule with an end shows its first slot
+    after the pause; a one-shot that fired, done."""
+    state = human_schedules.state_key(item["enabled"], times.instant(item.get("next_fire_at")))
+    found = render.next_fire(item, now)
+    if found is None:
+        return {"state": state, "next": f"- ({state})" if state != "enabled" else "-"}
+    after = ", after the pause" if state == "paused" else ""
+    return {"state": state, "next": times.when(found, item["timezone"], now) + after}
+
+
 def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
     if not 1 <= args.limit <= 10_000:
         raise ValidationError("--limit", "must be between 1 and 10000")
@@ -149,13 +153,7 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
             print(json.dumps(data))
             return 0
         now = now_of(args)
-        rows = []
-        for item in data:
-            found = render.next_fire(item, now)
-            nxt = render.when(found, item["timezone"], now) if found else "-"
-            rows.append({**item, "state": "enabled" if item["enabled"] else "paused",
-                         "next": nxt if item["enabled"] else "- (paused)"})  # fmt: skip
-        table(rows, _COLUMNS)
+        table([{**item, **_list_words(item, now)} for item in data], _COLUMNS)
         return 0
 
     return backend.run(args, config, action)
@@ -217,7 +215,7 @@ def cmd_history(args: argparse.Namespace, config: configuration.Config) -> int:
             return 0
         zone, now = await _zone(api, args.id), now_of(args)
         table(
-            [{**c, "when": render.when(c["at"], zone, now), "words": render.change_words(c)}
+            [{**c, "when": times.when(c["at"], zone, now), "words": render.change_words(c)}
              for c in data],
             _HISTORY_COLUMNS,
         )  # fmt: skip
@@ -234,11 +232,11 @@ def cmd_explain(args: argparse.Namespace, config: configuration.Config) -> int:
             return 0
         now, expression = now_of(args), data["expression"]
         zone = expression["timezone"]
-        print(f"{render.when(data['at'], zone, now)}: {data['verdict'].replace('_', ' ')}")
+        print(f"{times.when(data['at'], zone, now)}: {data['verdict'].replace('_', ' ')}")
         print(f"  {data['message']}")
         print(f"  expression then: {expression['kind']} {expression['expression']} ({zone})")
-        print(f"  previous fire time: {render.when(data['previous_fire_time'], zone, now)}")
-        print(f"  next fire time:     {render.when(data['next_fire_time'], zone, now)}")
+        print(f"  previous fire time: {times.when(data['previous_fire_time'], zone, now)}")
+        print(f"  next fire time:     {times.when(data['next_fire_time'], zone, now)}")
         if data["runs"]:
             print()
             runs = [{**r, "detail": r.get("skip_reason") or r.get("error")} for r in data["runs"]]

@@ -11,20 +11,22 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import errors
-from promptsched.cli.common import db_command, table
+from promptsched.cli.common import db_command, now_of, table
+from promptsched.human import times
 from promptsched.ops import views
 from promptsched.store import queries
 from promptsched.web import auth
 
 _COLUMNS = (
     ("ID", "id", 6),
-    ("OWNER", "owner", 20),
+    ("OWNER", "owner", 16),
     ("ADMIN", "admin", 5),
-    ("NAME", "name", 24),
-    ("CREATED", "created_at", 32),
-    ("LAST USED", "last_used_at", 32),
-    ("REVOKED", "revoked_at", 0),
+    ("NAME", "name", 20),
+    ("CREATED", "created", 44),
+    ("LAST USED", "last_used", 44),
+    ("REVOKED", "revoked", 0),
 )
+_TIMES = (("created", "created_at"), ("last_used", "last_used_at"), ("revoked", "revoked_at"))
 
 
 def _json(row: asyncpg.Record) -> dict[str, Any]:
@@ -58,8 +60,12 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
         data = [_json(row) for row in await queries.token_list(conn, args.owner)]
         if args.json:
             print(json.dumps(data))
-        else:
-            table(data, _COLUMNS)
+            return 0
+        now = now_of(args)
+        # A token belongs to no schedule: its times are in UTC, as the API gives them.
+        table([{**token, **{shown: times.when(token[key], "UTC", now, none="never" if
+                                             key == "last_used_at" else "-")
+                            for shown, key in _TIMES}} for token in data], _COLUMNS)  # fmt: skip
         return 0
 
     return db_command(config, main)

@@ -4,7 +4,7 @@ checks and its Cancel action, and the form that places one by key."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -15,8 +15,8 @@ from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import FollowupState
-from promptsched.durations import format_duration
 from promptsched.errors import ValidationError
+from promptsched.human import followups as human_followups
 from promptsched.ops import fleet, followups, notify_targets, validate
 
 PAGE_SIZE = 50
@@ -67,17 +67,6 @@ FIELDS = {
                        "unresolved after the checks below"),
     "escalate_after": ("Escalate after checks", "a number below max checks"),
 }  # fmt: skip
-OUTCOME_WORDS = {
-    "recheck": "asked to be checked again",
-    "done": "done",
-    "max_checks": "ended: max checks reached",
-    "horizon": "ended: next check beyond the horizon",
-    "past": "ended: next check in the past",
-    "invalid": "ended: its answer could not be read",
-    "failed": "ended: the check's run died",
-    "cancelled": "ended: the check's run was cancelled",
-    "skipped": "ended: the check's run was skipped",
-}
 
 
 def _key(ctx: Ctx) -> str:
@@ -95,22 +84,11 @@ def _stamp(text: str | None, ctx: Ctx) -> Markup | str:
 
 
 def _state(item: dict[str, Any]) -> str:
-    if item["state"] == FollowupState.ENDED and item.get("ended_reason"):
-        reason = str(item["ended_reason"])
-        return OUTCOME_WORDS.get(reason, f"ended: {reason}")
-    return str(item["state"])
+    return human_followups.state_words(str(item["state"]), item.get("ended_reason"))
 
 
-def decision_words(found: dict[str, Any] | None) -> str:
-    if not found:
-        return "no decision"
-    if "recheck_in" in found:
-        return f"check again in {format_duration(timedelta(seconds=float(found['recheck_in'])))}"
-    if "recheck_at" in found:
-        return f"check again at {found['recheck_at']}"
-    if "error" in found:
-        return f"unreadable: {found['error']}"
-    return json.dumps(found)
+def decision_words(found: dict[str, Any] | None, *, final: bool = False) -> str:
+    return human_followups.decision_words(found, _UTC, final=final)
 
 
 async def list_page(ctx: Ctx) -> web.StreamResponse:
@@ -155,8 +133,8 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         raise NotFoundPage() from None
     checks = [
         (c["number"], layout.link(f"/runs/{c['run_id']}", f"#{c['run_id']}") if c["run_id"]
-         else "-", c["status"], decision_words(c["decision"]),
-         OUTCOME_WORDS.get(c["outcome"], c["outcome"]),
+         else "-", c["status"], decision_words(c["decision"], final=c["outcome"] == "done"),
+         human_followups.outcome_words(c["outcome"]),
          ", ".join(f"step {s + 1}" for s in c["escalated"]) or "-")
         for c in data["checks"]
     ]  # fmt: skip
@@ -167,7 +145,8 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
     )
     steps = (
         "; ".join(
-            f"after {s['after_checks']} checks: {notify_targets.words(s['notify'])}"
+            f"after {s['after_checks']} unresolved checks: "
+            f"{notify_targets.words(s['notify'], when=False)}"
             for s in data["escalate"]
         )
         or "none"
@@ -180,6 +159,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         ("Horizon", _stamp(data["horizon"], ctx)),
         ("Vars", json.dumps(data["vars"], ensure_ascii=False) if data["vars"] else "none"),
         ("Provider", data["provider"]),
+        ("Notify", notify_targets.words(data.get("notify")) if data.get("notify") else "nobody"),
         ("Escalation", steps),
         ("Schedule", layout.link(f"/schedules/{data['schedule_id']}", f"#{data['schedule_id']}")),
         ("Placed", _stamp(data["created_at"], ctx)),

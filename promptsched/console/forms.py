@@ -11,9 +11,10 @@ from typing import Any
 from aiohttp import web
 
 from promptsched import budgets, domain, errors, offload
-from promptsched.console import describe, form_page, layout, notify_form, timefmt
+from promptsched.console import form_page, layout, notify_form, timefmt
 from promptsched.console.context import Ctx, NotFoundPage, redirect
 from promptsched.errors import ValidationError
+from promptsched.human import describe
 from promptsched.ops import fleet, inputs, lookups, validate, views
 from promptsched.ops import schedules as schedule_ops
 from promptsched.schedule import overlap, spec

@@ -17,15 +17,12 @@ from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import AttemptStatus, RunStatus
+from promptsched.human import runs as human_runs
+from promptsched.human import text
 from promptsched.ops import lookups, notifications
 from promptsched.web import progress
 
 DEAD_PAGE = 25
-_SKIPS = {
-    "overlap": "skipped: an earlier run was still unfinished",
-    "misfire": "skipped: found late, dropped by the misfire policy",
-    "disabled": "skipped: the schedule was paused",
-}
 _DETAIL = Template("""<p class="subtitle">$status <span class="muted">of $schedule · $origin \
 · slot $slot</span></p>
 <div class="actions">$actions</div>
@@ -76,14 +73,14 @@ def _notes(row: asyncpg.Record) -> str:
     """What the history should say besides the status: skip reason, coalesced slots, replay."""
     notes = []
     if row["skip_reason"]:
-        notes.append(_SKIPS.get(row["skip_reason"], f"skipped: {row['skip_reason']}"))
+        notes.append(human_runs.skip_words(row["skip_reason"]))
     if row["missed_slots"]:
         notes.append(f"stands for {row['missed_slots']} missed slot(s) (coalesced)")
     if row["replay_of"]:
         notes.append(f"replay of run {row['replay_of']}")
     if row["error"] and row["status"] != RunStatus.SKIPPED:
         error = row["error"]
-        notes.append(error if len(error) <= 100 else error[:99] + "…")
+        notes.append(text.clip(error, 100))
     return "; ".join(notes)
 
 
@@ -238,12 +235,16 @@ def _sent(items: list[dict[str, object]]) -> Markup:
     )  # fmt: skip
 
 
+def _run_link(run_id: int) -> Markup:
+    return layout.link(f"/runs/{run_id}", f"run #{run_id}")
+
+
 def _links(row: asyncpg.Record, replayed_by: int | None) -> Markup:
     links: list[object] = []
     if row["replay_of"]:
-        links.append(join(["replay of ", layout.link(f"/runs/{row['replay_of']}", "run")]))
+        links.append(join(["replay of ", _run_link(row["replay_of"])]))
     if replayed_by is not None:
-        links.append(join(["replayed as ", layout.link(f"/runs/{replayed_by}", "run")]))
+        links.append(join(["replayed as ", _run_link(replayed_by)]))
     if row["cancel_requested"]:
         links.append("cancel requested: it stops at its worker's next heartbeat")
     return join([_EMPTY(text=join(links, " · ")), "\n"]) if links else Markup("")
@@ -300,7 +301,7 @@ def _dead_runs(ctx: Ctx, rows: Sequence[asyncpg.Record]) -> Markup:
     for r in rows:
         where = timefmt.zone(r["timezone"])
         if r["replayed_by"] is not None:
-            action = join(["replayed as ", layout.link(f"/runs/{r['replayed_by']}", "run")])
+            action = join(["replayed as ", _run_link(r["replayed_by"])])
         else:
             action = run_actions(ctx, r["id"], RunStatus.DEAD, None)
         table_rows.append((

@@ -12,11 +12,13 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from promptsched import budgets, offload
-from promptsched.console import describe, form_page, layout, timefmt
+from promptsched.console import form_page, layout, timefmt
 from promptsched.console.context import Ctx
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import ChangeAction, Schedule
 from promptsched.errors import ValidationError
+from promptsched.human import describe
+from promptsched.human import schedules as human_schedules
 from promptsched.ops import explain, lookups, notify_targets, validate, views
 
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
@@ -42,11 +44,14 @@ def code(text: object) -> Markup:
 
 
 def state_badge(row: Schedule, where: ZoneInfo) -> Markup:
-    if row.enabled:
-        return layout.badge("enabled")
-    until = row.paused_until
-    text = f"paused until {timefmt.local_text(until, where)}" if until else "paused"
-    return layout.badge("paused", text)
+    """enabled, paused (until when), or done: a one-shot that fired, a rule with no more
+    fire times (the words are the CLI's)."""
+    key = human_schedules.state_key(row.enabled, row.next_fire_at)
+    if key == "paused" and row.paused_until is not None:
+        return layout.badge(key, f"paused until {timefmt.local_text(row.paused_until, where)}")
+    words = human_schedules.state_words(enabled=row.enabled, cursor=row.next_fire_at,
+                                        kind=row.kind)  # fmt: skip
+    return layout.badge(key, words)
 
 
 def _json(value: Any) -> str:

@@ -8,10 +8,11 @@ from urllib.parse import urlencode
 import asyncpg
 from aiohttp import web
 
-from promptsched.console import describe, layout, runs, schedule_parts, timefmt
+from promptsched.console import layout, runs, schedule_parts, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
 from promptsched.domain import Schedule
+from promptsched.human import describe
 from promptsched.ops import budgets as budget_ops
 from promptsched.ops import fleet, lookups, schemas, views
 
@@ -70,10 +71,10 @@ _ITEM = Template("<li>$value</li>")
 def _next_times(row: Schedule, count: int, ctx: Ctx) -> Markup:
     where = timefmt.zone(row.timezone)
     times = views.next_fire_times(row, count)
-    if not times:
-        return Markup('<span class="muted">none</span>')
     if not row.enabled and row.paused_until is None:
         return Markup('<span class="muted">paused</span>')
+    if not times:
+        return Markup('<span class="muted">none</span>')
     seconds = timefmt.any_seconds(times)
     if count == 1:
         return timefmt.stamp(times[0], where, ctx.now, seconds=seconds)

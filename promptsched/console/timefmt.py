@@ -4,11 +4,12 @@ database's now ("in 3 h") where that helps. The script keeps relative times curr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from promptsched.console.html import Markup, Template
 from promptsched.errors import ValidationError
+from promptsched.human import times
 from promptsched.schedule import spec
 
 _STAMP = Template('<time datetime="$iso" title="$utc">$local</time>')
@@ -26,15 +27,12 @@ def zone(name: str | None) -> ZoneInfo:
 def local_text(value: datetime, where: ZoneInfo, *, seconds: bool | None = None) -> str:
     """Like "Mon 02 Mar 2026 09:00 CET"; seconds shown when not zero (or as ``seconds`` says,
     so a list of times reads alike)."""
-    local = value.astimezone(where)
-    if seconds is None:
-        seconds = bool(local.second or local.microsecond)
-    return local.strftime(f"%a %d %b %Y %H:%M{':%S' if seconds else ''} %Z")
+    return times.local(value, where, seconds=seconds, weekday=True)
 
 
 def any_seconds(values: Iterable[datetime]) -> bool:
     """Whether a list of times needs seconds to tell them apart."""
-    return any(v.second or v.microsecond for v in values)
+    return times.any_seconds(values)
 
 
 def utc_text(value: datetime) -> str:
@@ -42,17 +40,9 @@ def utc_text(value: datetime) -> str:
 
 
 def relative(value: datetime, now: datetime) -> str:
-    """Like "in 3 h", "5 min ago" or "just now": the largest unit, rounded down."""
-    delta = value - now
-    past = delta < timedelta(0)
-    seconds = abs(delta.total_seconds())
-    if seconds < 1:
-        return "just now"
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if seconds >= size:
-            amount = f"{int(seconds // size)} {unit}"
-            break
-    return f"{amount} ago" if past else f"in {amount}"
+    """Like "in 3 h", "5 min ago" or "just now": the largest unit, rounded down (as the
+    script words it when it keeps them current)."""
+    return times.relative(value, now, units=1, now_word="just now")
 
 
 def stamp(

@@ -19,6 +19,7 @@ from promptsched.domain import FollowupState, RunStatus, ScheduleInput
 from promptsched.durations import format_duration, parse_duration
 from promptsched.errors import NotFound, StateConflict, ValidationError
 from promptsched.executors import template
+from promptsched.human import text, times
 from promptsched.ops import inputs, notify_targets, validate, views
 from promptsched.ops import schedules as schedule_ops
 from promptsched.store import queries
@@ -318,31 +319,35 @@ REASONS = {
 }
 
 
+def _at(value: datetime) -> str:
+    return times.local(value, "UTC")
+
+
 def explain(found: Mapping[str, Any], checks: list[Mapping[str, Any]], runs: list[Any]) -> str:
     """Why the follow-up is where it is, in one sentence."""
     last = checks[-1] if checks else None
     state = found["state"]
+    done = text.plural(found["checks"], "check")
     if state == FollowupState.CANCELLED:
-        return (f"Cancelled by {found['cancelled_by']} at {found['cancelled_at'].isoformat()}, "
-                f"after {found['checks']} check(s); no further check starts.")  # fmt: skip
+        return (f"Cancelled by {found['cancelled_by']} at {_at(found['cancelled_at'])}, "
+                f"after {done}; no further check starts.")  # fmt: skip
     if state == FollowupState.DONE and last is not None:
         return (f"Done: check {last['number']} answered without asking to be checked again "
                 f"(run #{last['run_id']}).")  # fmt: skip
     if state == FollowupState.ENDED and last is not None:
         reason = REASONS.get(found["ended_reason"] or "", str(found["ended_reason"])).format(
-            max_checks=found["max_checks"], horizon=found["horizon"].isoformat(),
-            next_at=last["next_at"].isoformat() if last["next_at"] else "-",
+            max_checks=found["max_checks"], horizon=_at(found["horizon"]),
+            next_at=_at(last["next_at"]) if last["next_at"] else "-",
         )  # fmt: skip
         return f"Ended after check {last['number']}: {reason}."
     unfinished = [r for r in runs if r["status"] in (RunStatus.PENDING, RunStatus.RUNNING)]
     if unfinished:
         run = unfinished[-1]
-        when = max(run["available_at"], run["slot"]).isoformat()
+        when = _at(max(run["available_at"], run["slot"]))
         what = "running" if run["status"] == RunStatus.RUNNING else f"due at {when}"
         return (f"Active: check {found['checks'] + 1} of at most {found['max_checks']} is "
                 f"{what} (run #{run['id']}).")  # fmt: skip
-    return (f"Active: the first check is due at {found['due_at'].isoformat()}; no check has "
-            "run yet.")  # fmt: skip
+    return f"Active: the first check is due at {_at(found['due_at'])}; no check has run yet."
 
 
 async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
@@ -367,6 +372,7 @@ async def show_record(db: queries.DB, found: asyncpg.Record) -> dict[str, Any]:
         "vars": found["vars"] or {},
         "prompt": found["prompt"],
         "provider": found["provider"],
+        "notify": notify_targets.public(found["notify"] or {}),
         "escalate": [
             {"after_checks": s["after_checks"], "notify": notify_targets.public(s["notify"])}
             for s in found["escalate"]

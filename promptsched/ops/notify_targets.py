@@ -209,11 +209,14 @@ def public(notify: Mapping[str, Any] | None, *, reveal_secret: bool = False) -> 
     return view
 
 
-def words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -> str:
+def words(
+    notify: Mapping[str, Any] | None, *, secret_from: str | None = None, when: bool = True
+) -> str:
     """A ``public`` view of the targets in words, e.g. ``email ops@example.com; Slack
     https://hooks.slack.com/… on success and failure``: the CLI and the console say it so. A
     webhook secret present in the view (the one response that reveals it) is shown once, or
-    only named by the file it came from (``secret_from``)."""
+    only named by the file it came from (``secret_from``). ``when=False`` leaves out the
+    events (an escalation step's targets hear of the escalation only)."""
     if not notify:
         return "none"
     events = [e for e, key in (("success", "on_success"), ("failure", "on_failure"))
@@ -236,5 +239,9 @@ def words(notify: Mapping[str, Any] | None, *, secret_from: str | None = None) -
         chat = notify.get(key)
         if isinstance(chat, Mapping) and chat.get("url"):
             targets.append(f"{label} {chat['url']}")  # masked in a public view
+    if not targets:
+        return "none"
+    if not when:
+        return "; ".join(targets)
     on = " and ".join(events) or "nothing"
     return f"{'; '.join(targets)} on {on}"

@@ -59,12 +59,15 @@ def schedule_spec(row: Schedule) -> spec.Spec:
 
 
 def next_fire_times(row: Schedule, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
-    """The next slots from the schedule's cursor, by the scheduler's own code path; none for a
-    schedule whose fire times this version cannot compute (the scheduler pauses it, and its
-    ``pause_reason`` says why)."""
+    """The next slots from the schedule's cursor (or from the end of its pause), by the
+    scheduler's own code path; none for a schedule whose fire times this version cannot
+    compute (the scheduler pauses it, and its ``pause_reason`` says why)."""
     cursor = row.next_fire_at
     if cursor is None:
         return []
+    if not row.enabled and row.paused_until is not None:
+        # The slots inside a pause with an end are skipped: the next ones come after it.
+        cursor = max(cursor, row.paused_until)
     try:
         return fire_times.preview(schedule_spec(row), cursor - _US, count)
     except ValidationError:

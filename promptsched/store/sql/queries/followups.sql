@@ -1,6 +1,6 @@
 -- name: followup_get
 -- A follow-up by its owner and key, with what its schedule holds.
-SELECT f.*, s.vars, s.prompt, s.provider, s.enabled
+SELECT f.*, s.vars, s.prompt, s.provider, s.enabled, s.notify
 FROM followups f
 JOIN schedules s ON s.id = f.schedule_id
 WHERE f.owner = $1 AND f.key = $2;
@@ -18,7 +18,7 @@ SELECT * FROM followup_checks WHERE schedule_id = $1 ORDER BY id;
 
 -- name: followup_list
 -- One page of an owner's follow-ups (every owner's for $1 NULL), newest first, by state.
-SELECT f.*, s.vars, s.prompt, s.provider, s.enabled
+SELECT f.*, s.vars, s.prompt, s.provider, s.enabled, s.notify
 FROM followups f
 JOIN schedules s ON s.id = f.schedule_id
 WHERE ($1::text IS NULL OR f.owner = $1) AND ($2::text IS NULL OR f.state = $2)

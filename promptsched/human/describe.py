@@ -182,19 +182,14 @@ def _time(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
 
 
 def _frequent(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
-    sec_step, min_step, hour_step = (_STEP.match(f) for f in (second, minute, hour))
     if hour == "*" and minute == "*":
-        if second == "*":
-            return "every second", False
-        if sec_step:
-            return _plural(int(sec_step.group(1)), "second"), False
-        if second == "0":
-            return "every minute", False
-        if _NUMBER.match(second):
-            return f"at second {int(second)} of every minute", False
+        return _seconds(second)
     if second != "0":
         return None
+    min_step, hour_step = _STEP.match(minute), _STEP.match(hour)
     hours = _hour_range(hour)
+    if _is_list(minute) and hours is not None:
+        return f"at minutes {_and(_numbers(minute))} of every hour{hours}", False
     if min_step and hours is not None:
         return _plural(int(min_step.group(1)), "minute") + hours, False
     if minute == "*" and hours is not None:
@@ -210,6 +205,22 @@ def _frequent(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
     return None
 
 
+def _seconds(second: str) -> tuple[str, bool] | None:
+    """Every minute and hour: the seconds field says it all."""
+    step = _STEP.match(second)
+    if second == "*":
+        return "every second", False
+    if step:
+        return _plural(int(step.group(1)), "second"), False
+    if second == "0":
+        return "every minute", False
+    if _NUMBER.match(second):
+        return f"at second {int(second)} of every minute", False
+    if _is_list(second):
+        return f"at seconds {_and(_numbers(second))} of every minute", False
+    return None
+
+
 def _hour_range(hour: str) -> str | None:
     """The hours phrase: empty for every hour, " from 09:00 to 17:59" for a range; None for
     anything else."""
@@ -219,6 +230,10 @@ def _hour_range(hour: str) -> str | None:
     if match is None:
         return None
     return f" from {int(match.group(1)):02d}:00 to {int(match.group(2)):02d}:59"
+
+
+def _numbers(text: str) -> list[str]:
+    return [str(int(item)) for item in text.split(",")]
 
 
 def _is_list(text: str) -> bool:
