@@ -218,6 +218,9 @@ class DirectBackend:
     async def get_run(self, run_id: int) -> dict[str, Any]:
         return await run_ops.load_run(self.conn, run_id, None)
 
+    async def diff_runs(self, run_id: int, other_id: int) -> dict[str, Any]:
+        return await run_ops.diff_runs(self.conn, run_id, other_id, None)
+
     async def cancel_run(self, run_id: int) -> dict[str, Any]:
         row = await run_ops.cancel_run(self.conn, self.clock, run_id, owner=None, actor=CLI_ACTOR)
         return await run_ops.load_run(self.conn, row["id"], None)

@@ -274,6 +274,11 @@ class RemoteBackend:
         data: dict[str, Any] = await self.call("GET", f"/v1/runs/{_path_id(run_id)}")
         return data
 
+    async def diff_runs(self, run_id: int, other_id: int) -> dict[str, Any]:
+        path = f"/v1/runs/{_path_id(run_id)}/diff/{_path_id(other_id)}"
+        data: dict[str, Any] = await self.call("GET", path)
+        return data
+
     async def cancel_run(self, run_id: int) -> dict[str, Any]:
         data: dict[str, Any] = await self.call("POST", f"/v1/runs/{_path_id(run_id)}/cancel")
         return data

@@ -183,11 +183,21 @@ def schedule_details(data: Mapping[str, Any], now: datetime) -> str:
     return lines(pairs)
 
 
+def notify_decision_words(run: Mapping[str, Any]) -> str | None:
+    """A monitor's decision in words: ``notified: output changed since run 41`` or ``not
+    notified: output unchanged since run 41``; None for a run without one."""
+    decision = run.get("notify_decision")
+    if not isinstance(decision, Mapping):
+        return None
+    verdict = "notified" if decision.get("notify") else "not notified"
+    return f"{verdict}: {decision.get('reason')}"
+
+
 _RUN_TIMES = ("slot", "available_at", "created_at", "started_at", "finished_at",
               "lease_expires_at", "deadline_at")  # fmt: skip
 # A finished run holds no lease and has no deadline ahead: those rows would only mislead.
 _UNFINISHED_ONLY = ("lease_expires_at", "deadline_at")
-_RUN_HIDDEN = ("output", "attempt_history", "notifications", "schedule_id")
+_RUN_HIDDEN = ("output", "attempt_history", "notifications", "schedule_id", "output_json")
 FINISHED = ("succeeded", "dead", "cancelled", "skipped")
 
 
@@ -199,6 +209,9 @@ def run_details(
     pairs = []
     for key, value in data.items():
         if key in _RUN_HIDDEN or (finished and key in _UNFINISHED_ONLY):
+            continue
+        if key == "notify_decision":
+            pairs.append(("notify", notify_decision_words(data) or "on every success"))
             continue
         shown = times.when(value, zone, now) if key in _RUN_TIMES and value else scalar(value)
         pairs.append((key.replace("_", " "), shown))

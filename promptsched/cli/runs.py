@@ -68,7 +68,7 @@ def detail_words(run: dict[str, Any]) -> str:
     reason = run.get("skip_reason")
     if reason:
         return human_runs.skip_words(str(reason), run.get("missed_slots") or 0)
-    return str(run.get("error") or "")
+    return str(run.get("error") or render.notify_decision_words(run) or "")
 
 
 async def _rows(api: Backend, data: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
@@ -99,11 +99,44 @@ async def _show(args: argparse.Namespace, api: Backend, data: dict[str, Any]) ->
     if data["output"] is not None:
         print("\noutput:")
         print(data["output"])
+    if data.get("output_json") is not None:
+        print("\noutput (JSON):")
+        print(json.dumps(data["output_json"], indent=2, ensure_ascii=False))
 
 
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
         await _show(args, api, await api.get_run(args.id))
+        return 0
+
+    return backend.run(args, config, action)
+
+
+def diff_words(data: dict[str, Any]) -> list[str]:
+    """``runs diff`` for people: the changed paths, or the diff, or that nothing changed."""
+    if not data["changed"]:
+        what = "structured output" if data["kind"] == "json" else "output"
+        return [f"run {data['a']} and run {data['b']}: the same {what} (as `changed` compares)"]
+    if data["kind"] == "json":
+        head = [f"run {data['a']} -> run {data['b']}: {len(data['paths'])} path(s) changed"]
+        return head + [f"  {_path_words(p)}" for p in data["paths"]]
+    return list(data["diff"])
+
+
+def _path_words(change: dict[str, Any]) -> str:
+    old = json.dumps(change["old"], ensure_ascii=False) if "old" in change else None
+    new = json.dumps(change["new"], ensure_ascii=False) if "new" in change else None
+    if old is None:
+        return f"{change['path']}: added {new}"
+    if new is None:
+        return f"{change['path']}: removed (was {old})"
+    return f"{change['path']}: {old} -> {new}"
+
+
+def cmd_diff(args: argparse.Namespace, config: configuration.Config) -> int:
+    async def action(api: Backend) -> int:
+        data = await api.diff_runs(args.a, args.b)
+        print(json.dumps(data) if args.json else "\n".join(diff_words(data)))
         return 0
 
     return backend.run(args, config, action)
@@ -192,3 +225,10 @@ def register(sub: Any) -> None:
         cmd.add_argument("id", type=int)
         cmd.add_argument("--json", action="store_true")
         cmd.set_defaults(func=func)
+    diff = runs_sub.add_parser(
+        "diff", help="what changed between two runs of a schedule (JSON paths or a text diff)"
+    )
+    diff.add_argument("a", type=int, help="the earlier run")
+    diff.add_argument("b", type=int, help="the later run")
+    diff.add_argument("--json", action="store_true")
+    diff.set_defaults(func=cmd_diff)

@@ -95,6 +95,10 @@ def _describe_run(run: Row) -> str:
     if status in (RunStatus.PENDING, RunStatus.RUNNING):
         return text + f"is {status}"
     detail = f": {run['error']}" if run["error"] and status != RunStatus.SUCCEEDED else ""
+    decision = run["notify_decision"] if status == RunStatus.SUCCEEDED else None
+    if isinstance(decision, dict):  # a monitor's success: whether it notified, and why
+        told = "notified its targets" if decision.get("notify") else "did not notify"
+        detail = f"; it {told}: {decision.get('reason')}"
     return text + f"{status} after {run['attempts']} attempt(s){detail}"
 
 

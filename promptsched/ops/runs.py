@@ -1,4 +1,5 @@
-"""Run operations shared by the CLI, the HTTP API and the console: cancel and replay."""
+"""Run operations shared by the CLI, the HTTP API and the console: cancel, replay, and what
+changed between two runs of a schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncpg
 
 from promptsched.clock import Clock
 from promptsched.domain import RunOrigin, RunStatus
-from promptsched.errors import NotFound, StateConflict
+from promptsched.errors import NotFound, StateConflict, ValidationError
+from promptsched.monitor import changes
 from promptsched.ops import lookups, views
 from promptsched.store import queries
 from promptsched.store.pool import Conn
@@ -59,3 +61,35 @@ async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, 
     """One run with its attempts, replay and notifications; NotFound unless it is the owner's."""
     parts = await lookups.run_parts(db, run_id, owner)
     return views.run_detail(parts.row, parts.attempts, parts.replay, parts.sent)
+
+
+async def diff_runs(
+    db: queries.DB, run_id: int, other_id: int, owner: str | None
+) -> dict[str, Any]:
+    """What changed from run ``run_id`` to run ``other_id``, two runs of one schedule, as a
+    ``changed`` monitor compares them: the JSON paths with their old and new values when both
+    have a structured answer, else a unified diff of their text (docs/monitors.md)."""
+    rows = []
+    for field, wanted in (("a", run_id), ("b", other_id)):
+        row = await queries.run_get(db, wanted, owner)
+        if row is None:
+            raise NotFound("run", wanted)
+        if row["output"] is None:
+            raise ValidationError(
+                field, f"run {wanted} has no output ({row['status']}): compare runs that succeeded"
+            )
+        rows.append(row)
+    old, new = rows
+    if old["schedule_id"] != new["schedule_id"]:
+        raise ValidationError(
+            "b", f"run {other_id} is of schedule {new['schedule_id']}, run {run_id} of schedule "
+            f"{old['schedule_id']}: compare two runs of one schedule",
+        )  # fmt: skip
+    out: dict[str, Any] = {"schedule_id": old["schedule_id"], "a": run_id, "b": other_id}
+    if old["output_json"] is not None and new["output_json"] is not None:
+        paths = changes.json_changes(old["output_json"], new["output_json"])
+        return {**out, "kind": "json", "changed": bool(paths), "paths": [c.json() for c in paths]}
+    lines = changes.text_diff(
+        old["output"], new["output"], old_name=f"run {run_id}", new_name=f"run {other_id}"
+    )
+    return {**out, "kind": "text", "changed": bool(lines), "diff": lines}

@@ -175,6 +175,15 @@ _RUN: dict[str, Schema] = {
     "finished_at": nullable(TIME),
     "replay_of": {"type": ["integer", "null"]},
     "tokens": {"type": "integer", "description": "tokens over every attempt (usage reported)"},
+    "output_json": {
+        "description": "a schedule with an output_schema: the answer's JSON, checked against it"
+    },
+    "notify_decision": {
+        "type": ["object", "null"],
+        "description": "a monitor's success (notify_when other than always): {notify, reason, "
+        'when, since}: whether it notified and why, e.g. {"notify": false, "reason": '
+        '"output unchanged since run 41", "since": 41}; null otherwise',
+    },
     "cost": {
         "type": "number",
         "description": "what those tokens cost by the server's price table "
@@ -335,6 +344,28 @@ COMPONENTS: dict[str, Schema] = {
     ),
     "Run": _obj(_RUN, RUN_FIELDS),
     "RunDetail": _obj(_RUN_DETAIL, RUN_DETAIL_FIELDS),
+    "RunDiff": _obj(
+        {
+            "schedule_id": ID,
+            "a": ID,
+            "b": ID,
+            "kind": {"type": "string", "enum": ["json", "text"]},
+            "changed": {"type": "boolean"},
+            "paths": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "kind json: {path, old, new} per changed JSON Pointer (old "
+                "absent when added, new absent when removed)",
+            },
+            "diff": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "kind text: a unified diff by line, empty when the texts are "
+                "equal after whitespace normalisation",
+            },
+        },
+        ("schedule_id", "a", "b", "kind", "changed"),
+    ),
     "RunPage": _page("Run"),
     "Attempt": _ATTEMPT,
     "Change": _CHANGE,

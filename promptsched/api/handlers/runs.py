@@ -41,6 +41,12 @@ async def get(call: Call) -> web.StreamResponse:
     return json_reply(await run_ops.load_run(call.deps.pool, call.params["id"], call.scope))
 
 
+async def diff(call: Call) -> web.StreamResponse:
+    return json_reply(
+        await run_ops.diff_runs(call.deps.pool, call.params["id"], call.params["other"], call.scope)
+    )
+
+
 async def cancel(call: Call) -> web.StreamResponse:
     async with call.deps.pool.acquire() as conn:
         row = await run_ops.cancel_run(
@@ -78,6 +84,15 @@ OPERATIONS = (
         {"200": Reply("the run: output, error, skip reason and every attempt", "RunDetail"),
          "404": _MISSING},
         params=(ID_PARAM,),
+    ),
+    Operation(
+        "GET", "/v1/runs/{id}/diff/{other}", diff, "diffRuns",
+        "What changed between two runs of a schedule", "runs",
+        {"200": Reply("the JSON paths with old and new values (kind json), or a unified diff "
+                      "of the text (kind text), from run id to run other", "RunDiff"),
+         "404": _MISSING,
+         "422": Reply("a run without output, or runs of two schedules", "Error")},
+        params=(ID_PARAM, Param("other", "path", schemas.ID, required=True)),
     ),
     Operation(
         "POST", "/v1/runs/{id}/cancel", cancel, "cancelRun", "Cancel a run", "runs",

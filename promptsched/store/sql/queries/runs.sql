@@ -358,7 +358,8 @@ SELECT known::float8 FROM runs_analyze_outgrown($1) AS known WHERE known < $1;
 -- name: run_list
 SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
        r.attempts, r.max_attempts, r.error, r.output, r.available_at, r.created_at,
-       r.started_at, r.finished_at, r.replay_of, r.tokens, r.cost
+       r.started_at, r.finished_at, r.replay_of, r.tokens, r.cost, r.output_json,
+       r.notify_decision
 FROM runs r
 JOIN schedules s ON s.id = r.schedule_id
 WHERE ($1::bigint IS NULL OR r.schedule_id = $1)
