@@ -199,6 +199,12 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
         assert remote[0] == 0 and remote == run_cli(*argv, clock=pinned), argv
     code, out, _ = run_cli("runs", "watch", str(run["id"]), token=alice)
     assert code == 0 and out.splitlines()[-1] == f"run {run['id']} succeeded"
+    again_run = run_cli.json("schedules", "trigger", sid, token=alice)
+    factories.work_once(dsn)
+    run_cli.capsys.readouterr()
+    pair = ("runs", "diff", str(run["id"]), str(again_run["id"]))
+    assert run_cli.both(*pair, token=alice)["changed"] is False  # the same prompt, echoed
+    assert run_cli(*pair, token=alice) == run_cli(*pair)
     backfill = run_cli.json("schedules", "backfill", fid, "--start", "2026-01-01T00:00:00Z",
                             "--end", "2026-01-02T23:00:00Z", token=alice)  # fmt: skip
     assert backfill["created"] == 2 and len(backfill["slots"]) == 2
@@ -225,7 +231,7 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
         ("runs", "show", str(run["id"])), ("runs", "cancel", str(run["id"])),
         ("runs", "replay", str(dead["id"])), ("runs", "watch", str(run["id"])),
         ("notifications", "replay", str(nid)),
-        ("runs", "list", "--schedule", sid),
+        ("runs", "list", "--schedule", sid), ("runs", "diff", str(run["id"]), str(run["id"])),
     )  # fmt: skip
     for argv in hidden:
         code, out, err = run_cli(*argv, token=bob)
