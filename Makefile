@@ -26,11 +26,16 @@ PGBOUNCER_DEPS := $(if $(shell command -v apt-get 2>/dev/null),pgbouncer-deps)
 # PROMPTSCHED_PROMETHEUS.
 PROMETHEUS      ?= /usr/bin/prometheus
 PROMETHEUS_DEPS := $(if $(shell command -v apt-get 2>/dev/null),prometheus-deps)
+# The provider-weather tests run a real LiteLLM proxy (tests/litellm_support.py), pinned, in a
+# virtual environment of its own next to .venv: its dependencies never meet ours.
+LITELLM_VENV    ?= .venv-litellm
+LITELLM_VERSION ?= 1.80.0
+LITELLM_STAMP   := $(LITELLM_VENV)/.installed-$(LITELLM_VERSION)
 # Test processes (pytest-xdist): most tests wait on real services, leases and signals rather
 # than on the CPU, so three share two cores well. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
+.PHONY: litellm install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
 
 install: $(DEV_STAMP)
 
@@ -54,7 +59,16 @@ $(DEV_STAMP): $(RUN_STAMP)
 run: install-run
 	$(BIN)/promptsched run $(ARGS)
 
-test: install $(BROWSER_DEPS) $(PGBOUNCER_DEPS) $(PROMETHEUS_DEPS)
+$(LITELLM_STAMP):
+	@echo "make: installing the LiteLLM proxy $(LITELLM_VERSION) into $(LITELLM_VENV) (the first time only)"
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet --progress-bar off --disable-pip-version-check \
+	    'litellm[proxy]==$(LITELLM_VERSION)'
+	@touch $@
+
+litellm: $(LITELLM_STAMP)
+
+test: install litellm $(BROWSER_DEPS) $(PGBOUNCER_DEPS) $(PROMETHEUS_DEPS)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 browser-deps:
@@ -110,4 +124,4 @@ chaos: install
 	$(BIN)/python -m tests.chaos
 
 clean:
-	rm -rf $(VENV) .promptsched .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LITELLM_VENV) .promptsched .pytest_cache .mypy_cache .ruff_cache

@@ -214,6 +214,23 @@ class ClaimedRun:
     followup_key: str | None = None  # set for a follow-up's checks
     output_schema: dict[str, Any] | None = None  # the JSON Schema its answer must match
     notify_when: str = "always"  # when its success notifies (monitor/conditions.py)
+    # Provider weather (0023_provider_weather.sql): throttled attempts so far (they do not
+    # count against max_attempts), the run's place in its route (0: the schedule's provider,
+    # then its fallbacks in order), the fallbacks, the schedule's own provider and model, its
+    # give_up_after in seconds, and the seconds since the run's first attempt started.
+    throttles: int = 0
+    route: int = 0
+    fallback: tuple[str, ...] = ()
+    schedule_provider: str = ""
+    schedule_model: str | None = None
+    give_up_seconds: float = 3600.0
+    running_for: float = 0.0
+
+    @property
+    def counted_attempts(self) -> int:
+        """Attempts that count against ``max_attempts``: neither handed back on drain nor
+        throttled."""
+        return self.attempts - self.releases - self.throttles
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +272,8 @@ class Schedule:
     followup_key: str | None
     output_schema: dict[str, Any] | None  # the JSON Schema its answers follow (monitor/schema.py)
     notify_when: str  # when a success notifies (monitor/conditions.py)
+    give_up_after: timedelta
+    fallback: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,3 +307,6 @@ class ScheduleInput:
     followup_key: str | None = None  # a follow-up's key (ops/followups.py)
     output_schema: Mapping[str, Any] | None = None  # checked by monitor/schema.py
     notify_when: str = "always"  # as monitor/conditions.py writes it
+    # how long a run may keep being throttled before it ends dead (docs/providers.md)
+    give_up_after: timedelta = timedelta(hours=1)
+    fallback: tuple[str, ...] = ()  # providers to try next, in order: NAME or NAME:MODEL

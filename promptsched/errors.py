@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """A provider's rate-limit headers said nothing is left for ``seconds``; ``header`` names
+    the header that said so (executors/ratelimit.py reads them)."""
+
+    seconds: float
+    header: str
 
 
 class PromptschedError(Exception):
@@ -53,6 +63,9 @@ class ExecutorError(PromptschedError):
     """
 
     retryable: bool = True
+    # The provider said "not now" (a 429, a 503 with Retry-After): the attempt does not count
+    # against max_attempts, and the run waits until the schedule's give_up_after.
+    throttled: bool = False
 
     def __init__(
         self,
@@ -60,17 +73,26 @@ class ExecutorError(PromptschedError):
         *,
         retry_after: float | None = None,
         usage: Mapping[str, int] | None = None,
+        pace: Pace | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
         self.usage = usage  # what the provider reported before it failed, if anything
+        self.pace = pace  # what the provider's rate-limit headers said is left, if anything
 
 
 class RetryableError(ExecutorError):
     """Transient: timeouts, connection errors, 5xx, 408, 429."""
 
     retryable = True
+
+
+class Throttled(RetryableError):
+    """The provider pushed back: a 429 (with or without ``Retry-After``), or a 503 with
+    ``Retry-After``. Trying again later helps; it is not a failure of the run."""
+
+    throttled = True
 
 
 class PermanentError(ExecutorError):

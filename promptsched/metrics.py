@@ -40,6 +40,7 @@ _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 # Label domains known only from the configuration (Metrics.know).
 PROVIDERS: Final = "the configured providers"
 MODELS: Final = "the provider's priced and default models, default (none named), other"
+OTHER_PROVIDERS: Final = "the configured providers other than the first"
 OTHER_MODEL = "other"
 Values = tuple[str, ...] | str
 
@@ -58,7 +59,7 @@ CHANNELS = ("email", "webhook", "slack", "discord", "ntfy")
 DELIVERY_OUTCOMES = ("delivered", "retry", "dead", "lost", "fenced", "released")
 SLOT_STATES = ("busy", "idle")
 TOKEN_KINDS = ("prompt", "completion")
-THROTTLE_REASONS = ("concurrency", "rate", "tokens", "open")
+THROTTLE_REASONS = ("concurrency", "rate", "tokens", "open", "paced", "ramp")
 ROLES: tuple[str, ...] = ("scheduler", "worker", "heartbeat", "transcript", "notifier", "reaper")
 ROLES += ("retention", "stats", "presence")
 LISTENER_RESULTS = ("ok", "lost")
@@ -325,10 +326,32 @@ class Metrics:
         self.throttled_claims = self._counter(
             "provider_throttled_claims",
             "Claims that took nothing because a provider's fleet-wide limit was reached, by "
-            "the limit (tokens: tokens per minute, open: its breaker); the runs wait as "
-            "pending rows",
+            "the limit (tokens: tokens per minute, open: its breaker, paced: its own rate-limit "
+            "headers, ramp: its concurrency ramping back after the breaker opened); the runs "
+            "wait as pending rows",
             provider=PROVIDERS,
             reason=THROTTLE_REASONS,
+        )
+        self.provider_allowed_concurrency = self._gauge(
+            "provider_allowed_concurrency",
+            "Requests a provider may have in flight across the whole fleet right now, as this "
+            "process last read it: its max_concurrency, or less while the concurrency ramps "
+            "back from one after its breaker opened",
+            zero=False,
+            provider=PROVIDERS,
+        )
+        self.throttled_attempts = self._counter(
+            "provider_throttled_attempts",
+            "Attempts a provider answered with 'not now' (a 429, a 503 with Retry-After): the "
+            "run waits as asked and the attempt does not count against max_attempts",
+            provider=PROVIDERS,
+        )
+        self.provider_fallbacks = self._counter(
+            "provider_fallbacks",
+            "Runs whose next attempt went to another provider of their schedule's route after "
+            "a retryable failure or throttling, by the provider left and the one taken",
+            from_provider=PROVIDERS,
+            to_provider=OTHER_PROVIDERS,
         )
 
     def _process(self) -> None:
@@ -380,10 +403,14 @@ class Metrics:
             yield from product(*fixed)
             return
         for provider, models in self._models.items():
+            others = tuple(p for p in self._models if p != provider)
             parts = [
-                (provider,) if kind == PROVIDERS else models if kind == MODELS else fixed[i]
+                (provider,) if kind == PROVIDERS
+                else models if kind == MODELS
+                else others if kind == OTHER_PROVIDERS
+                else fixed[i]
                 for i, kind in enumerate(kinds)
-            ]
+            ]  # fmt: skip
             yield from product(*parts)
 
     def model(self, provider: str, model: str) -> str:

@@ -137,7 +137,7 @@ async def test_429_with_retry_after_seconds_is_retryable(
     fake.script(fake_server.rate_limited("12"))
     error = await fail_with(executor)
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError) and error.throttled  # a 429 is throttling
     assert error.retry_after == 12.0
     assert error.message == (
         "openai: HTTP 429 Too Many Requests (retry after 12s): Rate limit reached"
@@ -158,7 +158,7 @@ async def test_retry_after_http_date_is_measured_from_the_servers_date_header(
     )
     error = await fail_with(executor)
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError)
     assert error.retry_after == 120.0
     assert "(retry after 2m)" in error.message
 
@@ -178,7 +178,7 @@ async def test_5xx_and_408_are_retryable(
     fake.script(fake_server.status(code, "upstream exploded"))
     error = await fail_with(executor)
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError)
     assert error.message == text
     assert error.retry_after is None
 
@@ -265,7 +265,7 @@ async def test_connection_dropped_mid_body_is_retryable(
     fake.script(fake_server.drop_mid_body())
     error = await fail_with(executor)
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError)
     assert error.message.startswith("openai: connection lost while reading the response")
 
 
@@ -283,7 +283,7 @@ async def test_hanging_server_times_out_and_the_connection_is_closed(
     finally:
         await executor.aclose()
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError)
     assert error.message == "openai: request timed out after 300ms"
     assert 0.3 <= elapsed < 3
     with anyio.fail_after(5):
@@ -305,7 +305,7 @@ async def test_connection_refused_is_retryable(refused_port: int) -> None:
     finally:
         await executor.aclose()
 
-    assert type(error) is RetryableError
+    assert isinstance(error, RetryableError)
     assert error.message.startswith(f"openai: cannot connect to 127.0.0.1:{refused_port}")
 
 

@@ -51,7 +51,8 @@ def body_of(args: argparse.Namespace) -> dict[str, Any]:
     for flag, field in (("in_", "in"), ("at", "at"), ("provider", "provider"),
                         ("model", "model"), ("max_checks", "max_checks"),
                         ("horizon", "horizon"), ("resolution", "resolution"),
-                        ("name", "name"), ("timeout", "timeout")):  # fmt: skip
+                        ("name", "name"), ("timeout", "timeout"),
+                        ("give_up_after", "give_up_after"), ("fallback", "fallback")):  # fmt: skip
         value = getattr(args, flag)
         if value is not None:
             body[field] = value
@@ -170,6 +171,9 @@ def register(sub: Any) -> None:
     add.add_argument("--model")
     add.add_argument("--name")
     add.add_argument("--timeout", metavar="DUR")
+    add.add_argument("--give-up-after", metavar="DUR", help="how long a check may stay throttled")
+    add.add_argument("--fallback", action="append", metavar="NAME[:MODEL]",
+                     help="a provider to try next (repeatable, in order)")  # fmt: skip
     add.add_argument("--max-checks", type=int, metavar="N")
     add.add_argument("--horizon", help="no check after this: a duration after the first, or ISO")
     add.add_argument("--resolution", metavar="DUR", help="round every check up (15m)")

@@ -117,6 +117,7 @@ SCHEDULE_FIELDS = (
     ("misfire", "misfire"), ("misfire cap", "misfire_cap"), ("misfire grace", "misfire_grace"),
     ("catch-up window", "catchup_window"), ("overlap", "overlap"),
     ("max attempts", "max_attempts"), ("timeout", "timeout"), ("jitter", "jitter"),
+    ("give up after", "give_up_after"), ("fallback", "fallback"),
     ("dst gap", "dst_gap"), ("dst fold", "dst_fold"),
     ("pause after failures", "pause_after_failures"), ("version", "version"),
 )  # fmt: skip

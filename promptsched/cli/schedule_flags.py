@@ -21,7 +21,7 @@ FIELDS = {
     "jitter": "jitter", "dst_gap": "dst_gap", "dst_fold": "dst_fold",
     "pause_after_failures": "pause_after_failures",
     "cron": "cron", "rrule": "rrule", "at": "at", "every": "every",
-    "notify_when": "notify_when",
+    "notify_when": "notify_when", "give_up_after": "give_up_after",
 }  # fmt: skip
 CLEARABLE = ("model", "catchup_window", "jitter")  # an empty value clears these
 
@@ -132,6 +132,12 @@ def fields(args: argparse.Namespace) -> dict[str, Any]:
         body[key] = value
     if getattr(args, "output_schema", None) is not None:
         body["output_schema"] = output_schema(args.output_schema)
+    if getattr(args, "no_fallback", False):
+        if getattr(args, "fallback", None):
+            raise ValidationError("--no-fallback", "cannot be combined with --fallback")
+        body["fallback"] = []
+    elif getattr(args, "fallback", None):
+        body["fallback"] = list(args.fallback)
     if getattr(args, "no_budget", False):
         if getattr(args, "budget", None):
             raise ValidationError("--no-budget", "cannot be combined with --budget")
@@ -161,6 +167,20 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     cmd.add_argument("--overlap", help="skip, allow, buffer_one, buffer_all, cancel_other")
     cmd.add_argument("--max-attempts", type=int)
     cmd.add_argument("--timeout", metavar="DUR")
+    cmd.add_argument(
+        "--give-up-after",
+        metavar="DUR",
+        help="how long a run may stay throttled (429) before it ends dead (default 1h)",
+    )
+    cmd.add_argument(
+        "--fallback",
+        action="append",
+        metavar="NAME[:MODEL]",
+        help="a provider to try next after a retryable failure or throttling (repeatable, in "
+        "order" + (")" if creating else "; replaces the current list)"),
+    )
+    if not creating:
+        cmd.add_argument("--no-fallback", action="store_true", help="remove every fallback")
     cmd.add_argument("--jitter", metavar="DUR")
     cmd.add_argument("--dst-gap", choices=("shift", "skip"))
     cmd.add_argument("--dst-fold", choices=("first", "both"))

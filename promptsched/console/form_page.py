@@ -23,6 +23,8 @@ LABELS = {
     "catchup_window": "Catch-up window (optional)", "jitter": "Jitter (optional)",
     "dst_gap": "Local time skipped by DST", "dst_fold": "Local time repeated by DST",
     "pause_after_failures": "Pause after dead runs in a row (optional)",
+    "give_up_after": "Give up when throttled for",
+    "fallback": "Fallback providers (optional)",
     "budget_tokens_per_day": "Budget: tokens a day (optional)",
     "budget_cost_per_day": "Budget: cost a day (optional)",
     "budget_tokens_per_month": "Budget: tokens a month (optional)",
@@ -52,6 +54,10 @@ HINTS = {
     "catchup_window": "missed slots older than this are dropped, whatever the policy",
     "jitter": "each run starts up to this much after its slot, spread evenly",
     "pause_after_failures": "pause the schedule after this many dead runs in a row",
+    "give_up_after": "a run the provider keeps throttling (429) waits as asked, then ends "
+    "dead after this long from its first attempt",
+    "fallback": "NAME or NAME:MODEL, comma-separated, in order: where an attempt goes after "
+    "a retryable failure or throttling of the one before",
     "budget_tokens_per_day": "UTC day; once its runs have used this many, the rest of the "
     "day's runs are skipped (reason budget) and you hear once",
     "budget_cost_per_day": "in the price table's unit (PROMPTSCHED_PRICES), per UTC day",

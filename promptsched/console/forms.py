@@ -23,11 +23,11 @@ PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
           "misfire", "overlap", "max_attempts", "timeout", "misfire_grace", "misfire_cap",
           "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures",
-          *form_page.BUDGET_FIELDS)  # fmt: skip
+          "give_up_after", "fallback", *form_page.BUDGET_FIELDS)  # fmt: skip
 DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
             "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": "",
             "misfire_grace": "1m", "misfire_cap": "100", "dst_gap": "shift",
-            "dst_fold": "first"}  # fmt: skip
+            "dst_fold": "first", "give_up_after": "1h"}  # fmt: skip
 CHOICES = {
     "kind": ("auto", *spec.KINDS),
     "misfire": inputs.MISFIRE_POLICIES,
@@ -72,6 +72,11 @@ def _raw(values: dict[str, str]) -> dict[str, Any]:
         timezone=values["timezone"].strip() or "UTC",
         model=values["model"].strip() or None,
         max_attempts=values["max_attempts"].strip(),
+        give_up_after=values["give_up_after"].strip() or None,
+        # one NAME or NAME:MODEL per line (or comma-separated), in order
+        fallback=[
+            p.strip() for p in values["fallback"].replace(",", "\n").splitlines() if p.strip()
+        ],
         params=_params(values["params"]),
         budget=budgets.parse_texts(
             {key: values[f"budget_{key}"] for key in budgets.LIMITS}, field="budget"
@@ -98,6 +103,7 @@ def _row_values(row: domain.Schedule) -> dict[str, str]:
     values = {key: str(data.get(key) or "") for key in FIELDS}
     values.update(kind=row.kind, max_attempts=str(row.max_attempts))
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
+    values["fallback"] = ", ".join(row.fallback)
     values.update(form_page.budget_values(row.budget))
     return {**values, **notify_form.values_of(row.notify)}
 

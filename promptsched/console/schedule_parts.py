@@ -94,6 +94,9 @@ def settings(ctx: Ctx, row: Schedule, spend: Mapping[str, Any] | None = None) ->
         ("Jitter", data["jitter"] or "none"),
         ("DST", f"a local time skipped by DST: {_word('dst_gap', row.dst_gap)}; "
                 f"a repeated one: {_word('dst_fold', row.dst_fold)}"),
+        ("When throttled", f"waits as the provider asks, gives up after "
+                           f"{data['give_up_after']}; fallback: "
+                           f"{', '.join(row.fallback) or 'none'}"),
         ("Auto-pause", f"after {row.pause_after_failures} dead runs in a row"
                        if row.pause_after_failures else "never"),
         ("Notify", notify_targets.words(notify_targets.public(row.notify)) if row.notify

@@ -3,6 +3,8 @@ outcome, state) and the page of one schedule."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
 import asyncpg
@@ -35,6 +37,9 @@ _COOLING = Template(
     '<p class="flash warn" role="status">Provider <b>$provider</b> is cooling down until '
     "$until ($reason): no replica sends it a request until then; its runs wait as pending, "
     "then one probe goes first.</p>\n"
+)
+_WEATHER = Template(
+    '<p class="flash warn provider-state" role="status">Provider <b>$provider</b>: $words.</p>\n'
 )
 _OWNER_FIELD = Template(""" <input name="owner" type="search" value="$owner" \
 placeholder="owner" aria-label="only this owner's schedules">""")
@@ -140,16 +145,38 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     more_link = layout.link("/?" + urlencode(query), "Next page →") if query else ""
     owner_field = _OWNER_FIELD(owner=owner) if ctx.who.admin else Markup("")
     cooling = join(
-        _COOLING(
-            provider=c["provider"], reason=c["reason"] or "failing",
-            until=timefmt.stamp(c["open_until"], timefmt.zone("UTC"), ctx.now),
-        )
-        for c in await lookups.providers_cooling(ctx.deps.pool, ctx.deps.clock)
+        _provider_state(state, ctx.now)
+        for state in await lookups.provider_weather(ctx.deps.pool, ctx.deps.clock)
+        if state["breaker"] == "open" or state["allowed_concurrency"] is not None
+        or state["paced_until"] is not None
     )  # fmt: skip
     body = _LIST(
         cooling=cooling, q=name or "", owner_field=owner_field, table=table, more=more_link
     )
     return layout.page(ctx, "Schedules", body)
+
+
+def _provider_state(state: dict[str, Any], now: datetime) -> Markup:
+    """A provider's breaker, allowed concurrency and pacing, in words."""
+    utc = timefmt.zone("UTC")
+    if state["breaker"] == "open":
+        return _COOLING(
+            provider=state["provider"], reason=state["reason"] or "failing",
+            until=timefmt.stamp(state["open_until"], utc, now),
+        )  # fmt: skip
+    words = []
+    if state["allowed_concurrency"] is not None:
+        words.append(
+            f"allowed concurrency {state['allowed_concurrency']}, ramping back to its limit "
+            "with its successes"
+        )
+    if state["paced_until"] is not None:
+        words.append(
+            f"paced by its own headers ({state['pace_header']}) until "
+            f"{timefmt.stamp(state['paced_until'], utc, now)}: no replica sends it a request "
+            "before then"
+        )
+    return _WEATHER(provider=state["provider"], words="; ".join(words))
 
 
 def _run_filters(sid: int, status: str | None) -> Markup:

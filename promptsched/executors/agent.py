@@ -17,7 +17,7 @@ import anyio
 import structlog
 
 from promptsched.durations import format_duration
-from promptsched.errors import PermanentError, ValidationError
+from promptsched.errors import Pace, PermanentError, ValidationError
 from promptsched.executors import budget as budgets
 from promptsched.executors import http_client, structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult, Step
@@ -39,6 +39,7 @@ class ChatReply:
     content: str | None
     finish_reason: str | None
     usage: dict[str, int]
+    pace: Pace | None = None  # what its rate-limit headers said is left (ratelimit.py)
 
 
 class Chat(Protocol):

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from promptsched.errors import ConfigError
+from promptsched.errors import ConfigError, Pace
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,8 @@ class ExecutionResult:
     answer: Mapping[str, Any] | None = None
     # the answer's JSON, checked against the request's output_schema (executors/structured.py)
     data: Any = None
+    # what the provider's rate-limit headers said is left (executors/ratelimit.py), if nothing
+    pace: Pace | None = None
 
 
 class Executor(Protocol):

@@ -4,7 +4,8 @@ transport failures and bodies) mapped onto the executor error tree.
 | outcome                                   | error            |
 | ----------------------------------------- | ---------------- |
 | timeout, connection refused/reset/dropped | RetryableError   |
-| 5xx, 408, 429 (``Retry-After`` honoured)  | RetryableError   |
+| 429; 503 with ``Retry-After``             | Throttled        |
+| other 5xx, 408 (``Retry-After`` honoured) | RetryableError   |
 | 3xx (not followed), other 4xx             | PermanentError   |
 | unparsable or incomplete 2xx body         | PermanentError   |
 """
@@ -25,7 +26,8 @@ import anyio
 from aiohttp.abc import AbstractResolver
 
 from promptsched.durations import format_duration
-from promptsched.errors import ExecutorError, PermanentError, RetryableError
+from promptsched.errors import ExecutorError, PermanentError, RetryableError, Throttled
+from promptsched.executors import ratelimit
 from promptsched.secret import Secret
 
 EXCERPT_CHARS = 300
@@ -109,7 +111,8 @@ def classify_status(
     now: datetime | None = None,
 ) -> ExecutorError:
     """The error for a non-2xx response. 5xx, 408 and 429 are retryable (with ``retry_after``
-    from ``Retry-After``); anything else is permanent.
+    from ``Retry-After``, and the pacing its rate-limit headers ask for); a 429, and a 503
+    with ``Retry-After``, are throttling (``Throttled``); anything else is permanent.
 
     An HTTP-date ``Retry-After`` is measured from the response's ``Date`` header, else from
     ``now``, else from the local wall clock.
@@ -125,7 +128,10 @@ def classify_status(
         retry_after = parse_retry_after(lowered.get("retry-after"), _reference_now(lowered, now))
         if retry_after is not None:
             label += f" (retry after {seconds_text(retry_after)})"
-        return RetryableError(label + detail, retry_after=retry_after)
+        pace = ratelimit.pace_of(lowered, now)
+        throttled = status == 429 or (status == 503 and retry_after is not None)
+        kind = Throttled if throttled else RetryableError
+        return kind(label + detail, retry_after=retry_after, pace=pace)
     if 300 <= status < 400:
         location = lowered.get("location", "?")
         return PermanentError(
@@ -168,7 +174,10 @@ def redact_error(error: ExecutorError, secret: Secret | None) -> ExecutorError:
     """``error`` with the secret masked out of its message (a server may echo the key back)."""
     if secret is None or secret.redact(error.message) == error.message:
         return error
-    return type(error)(secret.redact(error.message), retry_after=error.retry_after)
+    return type(error)(
+        secret.redact(error.message), retry_after=error.retry_after, usage=error.usage,
+        pace=error.pace,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

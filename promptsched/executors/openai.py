@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, http_client, structured
+from promptsched.executors import agent, http_client, ratelimit, structured
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings, StructuredOutput
@@ -223,7 +224,8 @@ class OpenAIExecutor:
                 request_timeout=settings.request_timeout.total_seconds(),
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
-            return parse_chat_reply(reply.json(self.name), self.name)
+            parsed = parse_chat_reply(reply.json(self.name), self.name)
+            return dataclasses.replace(parsed, pace=ratelimit.pace_of(reply.headers))
         except ExecutorError as exc:
             raise http_client.redact_error(exc, settings.api_key) from None
 
@@ -252,7 +254,9 @@ class OpenAIExecutor:
 
         async def ask() -> ExecutionResult:
             reply = await self.chat_completion(messages, model=model, params=params)
-            return ExecutionResult(agent.answer_text(reply, self.name), usage=reply.usage or None)
+            return ExecutionResult(
+                agent.answer_text(reply, self.name), usage=reply.usage or None, pace=reply.pace
+            )
 
         if schema is None:
             return await ask()

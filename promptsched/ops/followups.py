@@ -28,7 +28,7 @@ from promptsched.tools.base import Catalog
 
 FIELDS = ("key", "in", "at", "prompt", "provider", "model", "params", "vars", "max_checks",
           "horizon", "notify", "escalate", "resolution", "name", "timeout",
-          "max_attempts")  # fmt: skip
+          "max_attempts", "give_up_after", "fallback")  # fmt: skip
 KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _TAG = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -215,6 +215,8 @@ def check(
         "notify": raw.get("notify"),
         "timeout": raw.get("timeout"),
         "max_attempts": raw.get("max_attempts", 3),
+        "give_up_after": raw.get("give_up_after"),
+        "fallback": raw.get("fallback"),
         # A check found late (the service was down at its time) still runs, once.
         "misfire": "run_once",
         "misfire_grace": "366d",

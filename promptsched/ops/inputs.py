@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
-from promptsched import budgets, netguard
+from promptsched import budgets, fallback, netguard
 from promptsched.domain import ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import ValidationError
@@ -22,7 +22,8 @@ EDITABLE = frozenset({
     "name", "prompt", "timezone", "provider", "model", "params", "misfire", "misfire_cap",
     "misfire_grace", "catchup_window", "overlap", "max_attempts", "timeout", "jitter",
     "dst_gap", "dst_fold", "pause_after_failures", "cron", "rrule", "at", "every", "kind",
-    "expression", "notify", "budget", "output_schema", "notify_when",
+    "expression", "notify", "budget", "output_schema", "notify_when", "give_up_after",
+    "fallback",
 })  # fmt: skip
 
 
@@ -30,6 +31,9 @@ MAX_NAME = 200
 
 
 MAX_PROMPT = 100_000
+
+
+MAX_GIVE_UP = timedelta(days=30)
 
 
 MISFIRE_POLICIES = ("run_once", "skip", "run_all")
@@ -174,12 +178,25 @@ def validate(
         ),
         budget=budgets.validate(raw.get("budget")),
         **_monitor(raw, params),
+        **_weather(raw, provider, providers),
     )
     if values.timeout < timedelta(seconds=1):
         raise ValidationError("timeout", "must be at least 1s")
     spec_of(values)  # raises naming expression / timezone
     _check_provider_params(values, provider_kinds or {}, tools)
     return values
+
+
+def _weather(raw: Mapping[str, Any], provider: str, providers: Collection[str]) -> dict[str, Any]:
+    """``give_up_after`` and ``fallback`` (docs/providers.md, "When the provider pushes
+    back")."""
+    give_up = _duration(raw, "give_up_after", None) or timedelta(hours=1)
+    if not timedelta(seconds=1) <= give_up <= MAX_GIVE_UP:
+        raise ValidationError("give_up_after", "must be between 1s and 30d")
+    return {
+        "give_up_after": give_up,
+        "fallback": fallback.validate(raw.get("fallback"), providers=providers, primary=provider),
+    }
 
 
 def _monitor(raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:

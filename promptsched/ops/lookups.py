@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from asyncpg import Record
 
@@ -118,6 +119,28 @@ async def slot_history(db: DB, schedule_id: int, at: datetime) -> tuple[list[Rec
 async def providers_cooling(db: DB, clock: Clock) -> list[Record]:
     """The providers whose breaker is open now, with the reason and until when."""
     return await queries.provider_cooling(db, clock.sql_now())
+
+
+async def provider_weather(db: DB, clock: Clock) -> list[dict[str, Any]]:
+    """Every provider's fleet-wide state as the claims meet it (docs/providers.md, "When the
+    provider pushes back"): ``breaker`` (closed, half_open, open) with ``open_until``,
+    ``reason`` and ``opened_at``; ``allowed_concurrency`` while it ramps back after an
+    opening (None: its configured max_concurrency); ``paced_until`` and ``pace_header`` while
+    its own rate-limit headers hold every replica back. For the console and ``status``."""
+    found = []
+    for row in await queries.provider_weather(db, clock.sql_now()):
+        found.append({
+            "provider": row["provider"],
+            "breaker": "open" if row["open"] else "half_open" if row["half_open"] else "closed",
+            "open_until": row["open_until"] if row["open"] else None,
+            "reason": row["reason"],
+            "opened_at": row["opened_at"],
+            "failures": row["failures"],
+            "allowed_concurrency": None if row["ramp"] is None else int(row["ramp"] + 1e-6),
+            "paced_until": row["paced_until"] if row["paced"] else None,
+            "pace_header": row["pace_reason"] if row["paced"] else None,
+        })  # fmt: skip
+    return found
 
 
 async def check_schema(conn: Conn) -> None:

@@ -86,6 +86,18 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
         "structured output, the webhook provider is sent it, and an answer that does not "
         "match is asked again once, then the run is dead (docs/monitors.md); null for none",
     },
+    "give_up_after": {
+        **DURATION,
+        "description": "how long a run may keep being throttled (429, 503 with Retry-After) "
+        "before it ends dead, counted from its first attempt; default 1h (docs/providers.md)",
+    },
+    "fallback": {
+        "type": ["array", "null"],
+        "maxItems": 5,
+        "items": {"type": "string", "maxLength": 300},
+        "description": "providers to try next, in order, after a retryable failure or "
+        "throttling: NAME or NAME:MODEL (docs/providers.md); [] or null for none",
+    },
     "notify_when": {
         "type": ["string", "null"],
         "maxLength": 500,
@@ -129,6 +141,8 @@ _SCHEDULE_OUT: dict[str, Schema] = {
     "followup_key": {"type": ["string", "null"], "description": "a follow-up's key"},
     "output_schema": {"type": ["object", "null"], "description": "the answers' JSON Schema"},
     "notify_when": {"type": "string", "description": "when a success notifies"},
+    "give_up_after": {"type": "string", "description": "how long a run may stay throttled"},
+    "fallback": {"type": "array", "items": {"type": "string"}, "description": "NAME[:MODEL]"},
     "next_fire_at": nullable(TIME),
     "version": {"type": "integer"},
     "created_at": TIME,
@@ -174,6 +188,10 @@ _RUN: dict[str, Schema] = {
     "started_at": nullable(TIME),
     "finished_at": nullable(TIME),
     "replay_of": {"type": ["integer", "null"]},
+    "throttles": {
+        "type": "integer",
+        "description": "attempts the provider throttled (not counted in max_attempts)",
+    },
     "tokens": {"type": "integer", "description": "tokens over every attempt (usage reported)"},
     "output_json": {
         "description": "a schedule with an output_schema: the answer's JSON, checked against it"
@@ -214,9 +232,18 @@ _ATTEMPT = _obj(
             "arguments), tool_result (result truncated, error, ms); each with kind, step, "
             "tokens (the attempt's total so far), text and at. Empty for other runs.",
         },
+        "provider": {"type": ["string", "null"], "description": "the provider it went to"},
+        "model": {"type": ["string", "null"], "description": "the model it asked for "
+                  "(null: the provider's default)"},
+        "throttled": {
+            "type": "boolean",
+            "description": "the provider said 'not now' (429, 503 with Retry-After): not "
+            "counted against max_attempts",
+        },
+        "wait": {"type": ["string", "null"], "description": "how long it was asked to wait"},
     },
     ("attempt_id", "number", "worker_id", "status", "started_at", "finished_at", "error",
-     "usage", "transcript"),
+     "usage", "transcript", "provider", "model", "throttled", "wait"),
 )  # fmt: skip
 _RUN_DETAIL: dict[str, Schema] = {
     **_RUN,
@@ -456,6 +483,8 @@ COMPONENTS: dict[str, Schema] = {
             "name": {"type": ["string", "null"], "maxLength": inputs.MAX_NAME},
             "timeout": DURATION,
             "max_attempts": SCHEDULE_FIELDS["max_attempts"],
+            "give_up_after": SCHEDULE_FIELDS["give_up_after"],
+            "fallback": SCHEDULE_FIELDS["fallback"],
         },
         ("key", "prompt"),
     ),

@@ -71,6 +71,7 @@ SCHEDULE_EDITABLE = (
     "name", "kind", "expression", "timezone", "dst_gap", "dst_fold", "prompt", "provider",
     "model", "params", "misfire_policy", "misfire_cap", "misfire_grace", "catchup_window",
     "overlap_policy", "max_attempts", "timeout", "jitter", "output_schema", "notify_when",
+    "give_up_after", "fallback",
 )  # fmt: skip
 SCHEDULE_INSERT_COLUMNS = (
     "owner",
@@ -406,6 +407,13 @@ def _claimed_run(row: Record) -> ClaimedRun:
         followup_key=row["followup_key"],
         output_schema=row["output_schema"],
         notify_when=row["notify_when"],
+        throttles=row["throttles"],
+        route=row["route"],
+        fallback=tuple(row["fallback"] or ()),
+        schedule_provider=row["schedule_provider"],
+        schedule_model=row["schedule_model"],
+        give_up_seconds=row["give_up_seconds"],
+        running_for=row["running_for"] or 0.0,
     )
 
 
@@ -450,6 +458,8 @@ class ProviderRoom:
     half_open: bool  # one probe at a time
     failures: int  # retryable failures in a row
     llm_tokens: float | None = None  # its LLM-token bucket now (None: no tokens-per-minute)
+    paced_for: float = 0.0  # seconds its own rate-limit headers said nothing is left
+    ramp: float | None = None  # its allowed concurrency while it ramps back (None: the limit)
 
 
 class LimitedClaim(Claim):
@@ -480,31 +490,57 @@ async def run_claim_limited(
     first = found[0]
     room = ProviderRoom(
         first["allowed"], first["provider_running"], first["open_for"], first["half_open"],
-        first["failures"], first["llm_tokens"],
+        first["failures"], first["llm_tokens"], first["paced_for"], first["ramp"],
     )  # fmt: skip
     rows = [_claimed_run(row) for row in found if row["id"] is not None]
     return LimitedClaim(rows, first["claimable"], room)
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """What a failure did to the provider's breaker (``provider_trip``)."""
+
+    open_until: datetime | None  # None: closed
+    opened: bool  # this failure opened it (or opened it again)
 
 
 async def provider_trip(
     db: DB,
     now: datetime | None,
     provider: str,
-    retry_after: float | None,
+    wait: float | None,
     *,
+    started: datetime | None,
+    throttled: bool,
     threshold: int,
     base: float,
+    throttle_base: float,
     cap: float,
-) -> datetime | None:
-    """Count a retryable failure; the breaker's open_until afterwards (None: still closed)."""
-    until: datetime | None = await db.fetchval(
-        _Q["provider_trip"], now, provider, retry_after, threshold, base, cap
+) -> Trip | None:
+    """Count a retryable failure of an attempt that started at ``started``; None when it
+    changed nothing (it started before the breaker last opened: the same burst)."""
+    row = await db.fetchrow(
+        _Q["provider_trip"], now, provider, wait, threshold, base, cap, started, throttled,
+        throttle_base,
+    )  # fmt: skip
+    return None if row is None else Trip(row["open_until"], bool(row["opened"]))
+
+
+async def provider_recover(
+    db: DB, provider: str, *, probe: bool, started: datetime | None, max_concurrency: int
+) -> float | None:
+    """A success; the allowed concurrency afterwards while it ramps back (None: the limit)."""
+    ramp: float | None = await db.fetchval(
+        _Q["provider_recover"], provider, probe, started, max_concurrency
     )
-    return until
+    return ramp
 
 
-async def provider_recover(db: DB, provider: str, *, probe: bool) -> None:
-    await db.execute(_Q["provider_recover"], provider, probe)
+async def provider_pace(
+    db: DB, now: datetime | None, provider: str, seconds: float, why: str
+) -> None:
+    """No replica sends to ``provider`` for ``seconds`` (its rate-limit headers said so)."""
+    await db.execute(_Q["provider_pace"], now, provider, seconds, why)
 
 
 async def provider_debit_tokens(
@@ -516,6 +552,10 @@ async def provider_debit_tokens(
 
 async def provider_cooling(db: DB, now: datetime | None) -> list[Record]:
     return await db.fetch(_Q["provider_cooling"], now)
+
+
+async def provider_weather(db: DB, now: datetime | None) -> list[Record]:
+    return await db.fetch(_Q["provider_weather"], now)
 
 
 async def run_heartbeat_many(
@@ -549,6 +589,12 @@ class Finish:
     # what a `changed` monitor's finish compares ({"fingerprint", "what"}: monitor_decide)
     decision: dict[str, Any] | None = None
     watch: dict[str, Any] | None = None
+    provider: str | None = None  # the provider and model this attempt used
+    model: str | None = None
+    throttled: bool = False  # the provider said "not now": not counted against max_attempts
+    wait: timedelta | None = None  # how long the provider asked it to wait
+    # a retry moved to another place of the run's route: (route, provider, model)
+    reroute: tuple[int, str, str | None] | None = None
 
 
 async def run_finish_many(
@@ -574,6 +620,13 @@ async def run_finish_many(
         [f.output_json for f in batch],
         [f.decision for f in batch],
         [f.watch for f in batch],
+        [f.provider for f in batch],
+        [f.model for f in batch],
+        [f.throttled for f in batch],
+        [f.wait for f in batch],
+        [f.reroute[0] if f.reroute else None for f in batch],
+        [f.reroute[1] if f.reroute else None for f in batch],
+        [f.reroute[2] if f.reroute else None for f in batch],
     )
     assert row is not None
     return set(row["landed"])

@@ -46,9 +46,14 @@ class Behaviour:
     gate: asyncio.Event | None = None  # answer only once the test sets it
 
 
-def ok(content: str = "hello from the fake", usage: Mapping[str, int] = DEFAULT_USAGE) -> Behaviour:
-    """200 with a chat completion (on ``/chat/completions``) or ``{"output": ...}`` elsewhere."""
-    return Behaviour("ok", content=content, usage=usage)
+def ok(
+    content: str = "hello from the fake",
+    usage: Mapping[str, int] = DEFAULT_USAGE,
+    headers: Mapping[str, str] = _EMPTY,
+) -> Behaviour:
+    """200 with a chat completion (on ``/chat/completions``) or ``{"output": ...}`` elsewhere,
+    with ``headers`` (a provider's rate-limit headers, say)."""
+    return Behaviour("ok", content=content, usage=usage, headers=headers)
 
 
 def tool_calls(
@@ -195,7 +200,9 @@ class FakeOpenAI:
             key = request.headers.get("Authorization", "")
             error = {"error": {"message": f"Incorrect API key provided: {key}"}}
             return web.json_response(error, status=401)
-        return web.json_response(_ok_body(request.path, behaviour, self.requests[-1].json))
+        return web.json_response(
+            _ok_body(request.path, behaviour, self.requests[-1].json), headers=behaviour.headers
+        )
 
     async def _gather(self, group: int) -> None:
         released = self._group

@@ -8,12 +8,13 @@ attempt can end is one line of a table test (tests/test_attempt.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
-from promptsched import budgets
+from promptsched import budgets, fallback
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
+from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionResult
 from promptsched.monitor import changes, conditions
@@ -23,6 +24,12 @@ from promptsched.store import queries
 
 # What the executor produced: a result, an error, or None when it was stopped early.
 Outcome = ExecutionResult | ExecutorError | None
+
+# A throttled answer without a wait of its own (no Retry-After, no rate-limit headers): the run
+# waits 2 s doubling per throttled attempt up to a minute (the window of the per-minute limits
+# that answer this way), with equal jitter.
+THROTTLE_BASE = 2.0
+THROTTLE_MAX = 60.0
 
 
 def reported_usage(outcome: Outcome, agent_steps: Mapping[str, int]) -> dict[str, Any]:
@@ -46,6 +53,7 @@ def settle(
     retry_max: timedelta,
     jitter: float,
     usage: dict[str, Any] | None = None,
+    unavailable: Collection[str] = (),
 ) -> queries.Finish | None:
     """The attempt's final write; None when it must write nothing (its lease is gone).
 
@@ -55,8 +63,11 @@ def settle(
     In order of precedence: a lease lost (fenced) or handed back (released) writes nothing;
     a cancel asked for by the run's owner, or an attempt stopped without an outcome, ends the
     run ``cancelled``; a result ``succeeded``; an error retries (``pending`` at a backoff) or
-    ends ``dead`` as the retry policy decides. Attempts handed back on drain do not count
-    against ``max_attempts``. ``jitter`` is in [0, 1).
+    ends ``dead`` as the retry policy decides; a throttled answer waits as asked without
+    counting against ``max_attempts``, until the schedule's ``give_up_after``. Attempts handed
+    back on drain do not count against ``max_attempts`` either. A retry after a retryable
+    failure or throttling goes to the next place of the schedule's route (its fallbacks),
+    skipping providers in ``unavailable`` (breaker open) where it can. ``jitter`` is in [0, 1).
     """
     if stop.writes_nothing:
         return None
@@ -78,22 +89,26 @@ def settle(
             output=outcome.output,
             usage=usage if usage is not None else dict(outcome.usage) if outcome.usage else None,
         )
+    if outcome.throttled:
+        return _throttled(run, outcome, jitter=jitter, usage=usage, unavailable=unavailable)
     decision = decide(
         retryable=outcome.retryable,
         retry_after=outcome.retry_after,
-        attempt=run.attempts - run.releases,
+        attempt=run.counted_attempts,
         policy=RetryPolicy(run.max_attempts, retry_base, retry_max),
         jitter=jitter,
     )
     if decision.action == "retry":
+        moved = _fallback(run, unavailable)
         return queries.Finish(
             run.id,
             run.attempt_id,
             RunStatus.PENDING,
             AttemptStatus.FAILED,
             error=outcome.message,
-            retry_in=decision.delay,
+            retry_in=timedelta(0) if _forward(run, moved) else decision.delay,
             usage=usage,
+            reroute=_reroute(moved),
         )
     return queries.Finish(
         run.id,
@@ -129,6 +144,86 @@ def watched(run: ClaimedRun, item: queries.Finish, outcome: Outcome) -> queries.
     verdict = conditions.decide(condition, data)
     decision = {"notify": verdict.notify, "reason": verdict.reason, "when": run.notify_when}
     return dataclasses.replace(item, decision=decision)
+
+
+def _fallback(run: ClaimedRun, unavailable: Collection[str]) -> fallback.Place | None:
+    places = fallback.route(run.schedule_provider, run.schedule_model, run.fallback)
+    current = run.route if run.route < len(places) else 0
+    return fallback.next_place(places, current, unavailable=unavailable)
+
+
+def _forward(run: ClaimedRun, moved: fallback.Place | None) -> bool:
+    """The next attempt goes on to a later place of the route: it need not wait for the
+    provider that failed (going back to the first place waits as asked)."""
+    return moved is not None and moved.index > run.route
+
+
+def _reroute(moved: fallback.Place | None) -> tuple[int, str, str | None] | None:
+    return None if moved is None else (moved.index, moved.provider, moved.model)
+
+
+def throttle_wait(run: ClaimedRun, outcome: ExecutorError, jitter: float) -> tuple[float, bool]:
+    """How long a throttled run waits, and whether the provider said so: its Retry-After or
+    its rate-limit headers' reset, never shortened (up to a tenth longer, spread by
+    ``jitter``); else THROTTLE_BASE doubling per throttled attempt up to THROTTLE_MAX."""
+    asked = outcome.retry_after
+    if asked is None and outcome.pace is not None:
+        asked = outcome.pace.seconds
+    if asked is not None:
+        return asked + asked * 0.1 * jitter, True
+    ceiling = min(THROTTLE_MAX, THROTTLE_BASE * 2 ** min(run.throttles, 30))
+    return ceiling / 2 + ceiling / 2 * jitter, False
+
+
+def _throttled(
+    run: ClaimedRun,
+    outcome: ExecutorError,
+    *,
+    jitter: float,
+    usage: dict[str, Any] | None,
+    unavailable: Collection[str],
+) -> queries.Finish:
+    """A provider that said "not now": the run waits as asked, without spending an attempt,
+    until its schedule's give_up_after has passed since its first attempt started."""
+    wait, _asked = throttle_wait(run, outcome, jitter)
+    moved = _fallback(run, unavailable)
+    delay = 0.0 if _forward(run, moved) else wait
+    if run.running_for + delay > run.give_up_seconds:
+        return queries.Finish(
+            run.id,
+            run.attempt_id,
+            RunStatus.DEAD,
+            AttemptStatus.FAILED,
+            error=gave_up(run, outcome),
+            usage=usage,
+            throttled=True,
+            wait=timedelta(seconds=wait),
+        )
+    return queries.Finish(
+        run.id,
+        run.attempt_id,
+        RunStatus.PENDING,
+        AttemptStatus.FAILED,
+        error=outcome.message,
+        retry_in=timedelta(seconds=delay),
+        usage=usage,
+        throttled=True,
+        wait=timedelta(seconds=wait),
+        reroute=_reroute(moved),
+    )
+
+
+def gave_up(run: ClaimedRun, outcome: ExecutorError) -> str:
+    """The dead run's error: who throttled it, for how long, and what to change."""
+    give_up = format_duration(timedelta(seconds=round(run.give_up_seconds)))
+    since = format_duration(timedelta(seconds=round(run.running_for)))
+    return (
+        f"gave up: still throttled when give_up_after ({give_up}) ran out; "
+        f"{run.throttles + 1} throttled attempt(s) over {since}, the last: {outcome.message}. "
+        "Raise the schedule's give_up_after, lower the provider's limits "
+        "(PROMPTSCHED_PROVIDER_<NAME>_RATE or _MAX_CONCURRENCY) so the fleet paces itself, "
+        "or name a fallback provider"
+    )
 
 
 def skip_disabled(run: ClaimedRun) -> queries.Finish:

@@ -1,12 +1,13 @@
 """The fleet-wide limits of a provider as one process meets them: the claim they admit (one
 statement under the provider's advisory lock, docs/providers.md), how long to wait while they
-bind, and what each attempt reports back to the provider's shared row (the tokens it used, and
-its success or failure for the circuit breaker)."""
+bind, and what each attempt reports back to the provider's shared row (the tokens it used, its
+success or failure for the circuit breaker and the concurrency ramp, and the pacing its
+rate-limit headers asked for)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -24,11 +25,14 @@ from promptsched.store import queries
 
 log = structlog.get_logger("worker")
 
-# The fleet's circuit breaker of a provider (docs/providers.md): a 429 with Retry-After opens it
-# for that long; otherwise BREAKER_FAILURES retryable failures in a row open it for
-# BREAKER_BASE seconds, doubling per further failure up to BREAKER_MAX.
+# The fleet's circuit breaker of a provider (docs/providers.md): a throttled answer (a 429, a
+# 503 with Retry-After) opens it at once, for as long as the provider asked, else for
+# THROTTLE_OPEN seconds doubling per throttled answer in a row; BREAKER_FAILURES other
+# retryable failures in a row open it for BREAKER_BASE seconds, doubling per further failure;
+# both up to BREAKER_MAX. Only attempts that started after it last opened count.
 BREAKER_FAILURES = 5
 BREAKER_BASE = 30.0
+THROTTLE_OPEN = 5.0
 BREAKER_MAX = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 _WRITE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
@@ -53,6 +57,8 @@ class Fleet:
         self.waits: dict[str, float] = {}  # provider -> wait, while a fleet limit binds
         self._breaker: dict[str, str] = {}  # provider -> its breaker as last read at a claim
         self._failing: dict[str, bool] = {}  # provider -> failures counted at the last claim
+        self._ramping: dict[str, bool] = {}  # provider -> its concurrency ramps back
+        self._paced: set[str] = set()  # providers whose headers held the last claim back
         self._probes: set[int] = set()  # runs claimed as a half-open breaker's probe
 
     async def claim(
@@ -73,13 +79,24 @@ class Fleet:
         state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"
         self._set_breaker(provider, state)
         self._failing[provider] = room.failures > 0
+        self._ramping[provider] = room.ramp is not None
+        allowed = limiter.max_concurrency if room.ramp is None else int(room.ramp + 1e-6)
+        self._child(self.metrics.provider_allowed_concurrency, provider).set(
+            min(allowed, limiter.max_concurrency)
+        )
         self._child(self.metrics.provider_in_flight, provider).set(room.running + len(claim))
+        if room.paced_for > 0:
+            self._paced.add(provider)
+        else:
+            self._paced.discard(provider)
         if room.allowed <= 0:
             reason = (
                 "open" if state == "open"
+                else "paced" if room.paced_for > 0
                 else "tokens" if room.llm_tokens is not None and room.llm_tokens <= 0
                 else "concurrency" if room.running >= limiter.max_concurrency
-                or state == "half_open" else "rate"
+                or state == "half_open" else "ramp" if room.ramp is not None
+                and room.running >= int(room.ramp + 1e-6) else "rate"
             )  # fmt: skip
             self._child(self.metrics.throttled_claims, provider, reason).inc()
             self.waits[provider] = self._backoff(provider, limiter, room, reason)
@@ -98,6 +115,8 @@ class Fleet:
         one."""
         if reason == "open":
             return max(0.05, room.open_for)
+        if reason == "paced":
+            return max(0.01, room.paced_for)
         if reason == "tokens" and room.llm_tokens is not None and limiter.tokens_per_minute:
             return max(0.01, -room.llm_tokens / (limiter.tokens_per_minute / 60))
         if reason == "rate" and limiter.rate_per_second is not None:
@@ -119,31 +138,61 @@ class Fleet:
         if tokens_per_minute is not None:
             await self._debit_tokens(attempt.provider, usage, tokens_per_minute)
         if attempt.stop is StopReason.NONE:
-            await self._report_to_breaker(attempt.provider, outcome, probe=probe)
+            started = row.slot + timedelta(seconds=row.start_lag)  # the claim's own instant
+            await self._report_to_breaker(attempt.provider, outcome, probe=probe, started=started)
 
-    async def _report_to_breaker(self, provider: str, outcome: Outcome, *, probe: bool) -> None:
-        """Tell the fleet's breaker of the provider what this attempt met: a 429 with
-        Retry-After opens it for every replica at once; other retryable failures open it after
-        BREAKER_FAILURES in a row; a success restarts the count, and a half-open probe's
-        success closes it. Never fails the attempt."""
+    def unavailable(self) -> set[str]:
+        """Providers this process last saw with their breaker open or paced by their headers:
+        a retry with a fallback goes elsewhere where it can."""
+        return {p for p, state in self._breaker.items() if state == "open"} | self._paced
+
+    async def _report_to_breaker(
+        self, provider: str, outcome: Outcome, *, probe: bool, started: datetime
+    ) -> None:
+        """Tell the fleet's row of the provider what this attempt met: a throttled answer opens
+        the breaker for every replica at once, other retryable failures after BREAKER_FAILURES
+        in a row, and neither counts when the attempt started before it last opened (one burst
+        is one event); a success restarts the count, closes a half-open breaker when it was the
+        probe, and grows the allowed concurrency while it ramps back; headers that said nothing
+        is left pace every replica until their reset. Never fails the attempt."""
         try:
+            pace = outcome.pace if outcome is not None else None
+            if pace is not None:
+                await queries.provider_pace(
+                    self.pool, self.clock.sql_now(), provider, pace.seconds, pace.header
+                )
+                self._paced.add(provider)
             if isinstance(outcome, ExecutorError) and outcome.retryable:
-                until = await queries.provider_trip(
-                    self.pool, self.clock.sql_now(), provider, outcome.retry_after,
-                    threshold=BREAKER_FAILURES, base=BREAKER_BASE, cap=BREAKER_MAX,
+                await self._trip(provider, outcome, started)
+            elif isinstance(outcome, ExecutionResult) and (
+                probe or self._failing.get(provider) or self._ramping.get(provider)
+            ):
+                ramp = await queries.provider_recover(
+                    self.pool, provider, probe=probe, started=started,
+                    max_concurrency=self.limiters[provider].max_concurrency,
                 )  # fmt: skip
-                if until is not None and self._breaker.get(provider) != "open":
-                    self._set_breaker(provider, "open")
-                    log.warning("provider.cooling_down", provider=provider,
-                                until=until.isoformat(), error=outcome.message)  # fmt: skip
-            elif isinstance(outcome, ExecutionResult) and (probe or self._failing.get(provider)):
-                await queries.provider_recover(self.pool, provider, probe=probe)
                 self._failing[provider] = False
+                self._ramping[provider] = ramp is not None
                 if probe:
                     self._set_breaker(provider, "closed")
         except _WRITE_ERRORS as exc:
             self.metrics.role_errors.labels("worker").inc()
             log.warning("provider.breaker_write_failed", provider=provider, error=repr(exc))
+
+    async def _trip(self, provider: str, outcome: ExecutorError, started: datetime) -> None:
+        wait = outcome.retry_after
+        if wait is None and outcome.pace is not None:
+            wait = outcome.pace.seconds
+        trip = await queries.provider_trip(
+            self.pool, self.clock.sql_now(), provider, wait, started=started,
+            throttled=outcome.throttled, threshold=BREAKER_FAILURES, base=BREAKER_BASE,
+            throttle_base=THROTTLE_OPEN, cap=BREAKER_MAX,
+        )  # fmt: skip
+        if trip is not None and trip.opened and trip.open_until is not None:
+            self._set_breaker(provider, "open")
+            self._child(self.metrics.provider_allowed_concurrency, provider).set(1)
+            log.warning("provider.cooling_down", provider=provider,
+                        until=trip.open_until.isoformat(), error=outcome.message)  # fmt: skip
 
     def _set_breaker(self, provider: str, state: str) -> None:
         self._breaker[provider] = state

@@ -214,10 +214,12 @@ class AttemptRunner:
             retry_max=self.retry_max,
             jitter=random.random(),
             usage=self._account(row, attempt.provider, usage),
+            unavailable=self.fleet.unavailable(),
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
         item = watched(row, item, outcome)
         provider = attempt.provider
+        item = self._routed(item, provider)
         if row.followup_key is not None and isinstance(outcome, ExecutionResult):
             if item.status == RunStatus.SUCCEEDED:
                 found = decision.read(outcome.answer, outcome.output)
@@ -228,11 +230,28 @@ class AttemptRunner:
             self._child(self.metrics.run_duration, provider, "succeeded").observe(duration)
         else:
             self._child(self.metrics.run_duration, provider, "failed").observe(duration)
+            if item.throttled:
+                self._child(self.metrics.throttled_attempts, provider).inc()
             if item.status == RunStatus.PENDING:
-                self.metrics.retries.labels(provider).inc()
+                if not item.throttled:
+                    self.metrics.retries.labels(provider).inc()
             else:
                 self.metrics.dead_letters.labels(provider).inc()
         return self._finish(attempt, row, item)
+
+    def _routed(self, item: queries.Finish, provider: str) -> queries.Finish:
+        """The write with the provider the attempt used; a move to a fallback that this
+        process does not know (the configuration changed since the schedule was saved) stays
+        where it is. A move is counted by provider pair."""
+        item = dataclasses.replace(item, provider=provider)
+        if item.reroute is None:
+            return item
+        target = item.reroute[1]
+        if target not in self.limiters:
+            return dataclasses.replace(item, reroute=None)
+        if target != provider:
+            self._child(self.metrics.provider_fallbacks, provider, target).inc()
+        return item
 
     def _account(
         self, row: ClaimedRun, provider: str, usage: dict[str, Any]
@@ -255,6 +274,7 @@ class AttemptRunner:
         return usage
 
     def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
+        item = dataclasses.replace(item, provider=attempt.provider, model=row.model)
         if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
             # A follow-up's check ended: the finish records it (and any next check).
             item = dataclasses.replace(item, check={"decision": None})

@@ -306,7 +306,7 @@ BEGIN
     RETURN written;
 END
 $$;
-CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision)
+CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision, paced_for double precision, ramp double precision)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -320,6 +320,8 @@ BEGIN
     failures := coalesce(b.failures, 0);
     open_for := greatest(0.0, coalesce(extract(epoch FROM b.open_until - now_), 0.0));
     half_open := b.open_until IS NOT NULL AND b.open_until <= now_;
+    paced_for := greatest(0.0, coalesce(extract(epoch FROM b.paced_until - now_), 0.0));
+    ramp := b.ramp;
     tokens := CASE WHEN p_rate IS NULL THEN NULL
                    WHEN b.tokens IS NULL THEN p_burst
                    ELSE least(p_burst, b.tokens + p_rate * greatest(0.0,
@@ -331,10 +333,16 @@ BEGIN
                                     extract(epoch FROM now_ - b.llm_updated_at)::double precision))
                   END;
     allowed := least(p_want, p_max - running);
+    IF ramp IS NOT NULL THEN
+        allowed := least(allowed, floor(ramp + 1e-6)::integer - running);
+    END IF;
     IF tokens IS NOT NULL THEN
         allowed := least(allowed, floor(tokens + 1e-9)::integer);
     END IF;
     IF llm_tokens IS NOT NULL AND llm_tokens <= 0 THEN
+        allowed := 0;
+    END IF;
+    IF paced_for > 0 THEN
         allowed := 0;
     END IF;
     IF open_for > 0 THEN
@@ -422,6 +430,10 @@ CREATE TABLE public.ended_attempts (
     finished_at timestamp with time zone,
     error text,
     usage jsonb,
+    provider text,
+    model text,
+    throttled boolean DEFAULT false NOT NULL,
+    wait interval,
     CONSTRAINT ended_attempts_status_check CHECK ((status = ANY (ARRAY['failed'::text, 'lost'::text, 'released'::text, 'cancelled'::text, 'skipped'::text])))
 );
 CREATE TABLE public.followup_checks (
@@ -515,6 +527,8 @@ CREATE TABLE public.schedules (
     followup_key text,
     output_schema jsonb,
     notify_when text DEFAULT 'always'::text NOT NULL,
+    give_up_after interval DEFAULT '01:00:00'::interval NOT NULL,
+    fallback text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT schedules_budget_is_object CHECK (((budget IS NULL) OR (jsonb_typeof(budget) = 'object'::text))),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['first'::text, 'both'::text]))),
     CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
@@ -615,7 +629,11 @@ CREATE TABLE public.provider_buckets (
     failures integer DEFAULT 0 NOT NULL,
     reason text,
     llm_tokens double precision,
-    llm_updated_at timestamp with time zone
+    llm_updated_at timestamp with time zone,
+    opened_at timestamp with time zone,
+    ramp double precision,
+    paced_until timestamp with time zone,
+    pace_reason text
 );
 CREATE TABLE public.replicas (
     id text NOT NULL,
@@ -662,6 +680,9 @@ CREATE TABLE public.runs (
     attempt_started_at timestamp with time zone,
     output_json jsonb,
     notify_decision jsonb,
+    throttles integer DEFAULT 0 NOT NULL,
+    route smallint DEFAULT 0 NOT NULL,
+    model text,
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),
@@ -679,7 +700,11 @@ CREATE VIEW public.run_attempts AS
     COALESCE(( SELECT jsonb_agg(s.entry ORDER BY s.id) AS jsonb_agg
            FROM public.attempt_steps s
           WHERE ((s.run_id = e.run_id) AND (s.attempt_id = e.attempt_id))), '[]'::jsonb) AS transcript,
-    e.usage
+    e.usage,
+    e.provider,
+    e.model,
+    e.throttled,
+    e.wait
    FROM public.ended_attempts e
 UNION ALL
  SELECT r.attempt_id,
@@ -693,7 +718,16 @@ UNION ALL
     COALESCE(( SELECT jsonb_agg(s.entry ORDER BY s.id) AS jsonb_agg
            FROM public.attempt_steps s
           WHERE ((s.run_id = r.id) AND (s.attempt_id = r.attempt_id))), '[]'::jsonb) AS transcript,
-    r.usage
+    r.usage,
+    r.provider,
+        CASE
+            WHEN (r.route = 0) THEN ( SELECT sc.model
+               FROM public.schedules sc
+              WHERE (sc.id = r.schedule_id))
+            ELSE r.model
+        END AS model,
+    false AS throttled,
+    NULL::interval AS wait
    FROM public.runs r
   WHERE ((r.status = ANY (ARRAY['running'::text, 'succeeded'::text])) AND (r.attempt_id IS NOT NULL));
 ALTER TABLE public.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (

@@ -47,7 +47,10 @@ WITH candidates AS (
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
     -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
-              r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+              r.max_attempts, s.name, s.prompt,
+              -- the model of the run's place in its route (0023_provider_weather.sql)
+              CASE WHEN r.route = 0 THEN s.model ELSE r.model END AS model,
+              s.params, s.timezone, s.enabled,
               extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
               extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
                   AS start_lag,
@@ -57,7 +60,11 @@ WITH candidates AS (
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
-              s.vars, s.followup_key, s.output_schema, s.notify_when
+              s.vars, s.followup_key, s.output_schema, s.notify_when, r.throttles, r.route,
+              s.fallback, s.provider AS schedule_provider, s.model AS schedule_model,
+              extract(epoch FROM s.give_up_after)::float8 AS give_up_seconds,
+              extract(epoch FROM (coalesce($1::timestamptz, now()) - r.started_at))::float8
+                  AS running_for
 ), seen AS (
     -- A full claim met no contention worth counting and skips the second read: CASE
     -- evaluates its ELSE branch only when it is reached. run_claimable_count
@@ -116,7 +123,10 @@ WITH admit AS (
     -- The schedule as the worker needs it (re-read at claim time, invariant 7), returned by
     -- the update that already joins it: a second join costs the planner on every claim.
     RETURNING r.id, r.schedule_id, r.slot, r.attempt_id, r.attempts, r.releases,
-              r.max_attempts, s.name, s.prompt, s.model, s.params, s.timezone, s.enabled,
+              r.max_attempts, s.name, s.prompt,
+              -- the model of the run's place in its route (0023_provider_weather.sql)
+              CASE WHEN r.route = 0 THEN s.model ELSE r.model END AS model,
+              s.params, s.timezone, s.enabled,
               extract(epoch FROM s.timeout)::float8 AS timeout_seconds,
               extract(epoch FROM (coalesce($1::timestamptz, now()) - r.slot))::float8
                   AS start_lag,
@@ -126,7 +136,11 @@ WITH admit AS (
                    THEN NULL
                    ELSE budget_verdict(s.id, s.owner, s.budget, coalesce($1::timestamptz, now()))
               END AS over_budget,
-              s.vars, s.followup_key, s.output_schema, s.notify_when
+              s.vars, s.followup_key, s.output_schema, s.notify_when, r.throttles, r.route,
+              s.fallback, s.provider AS schedule_provider, s.model AS schedule_model,
+              extract(epoch FROM s.give_up_after)::float8 AS give_up_seconds,
+              extract(epoch FROM (coalesce($1::timestamptz, now()) - r.started_at))::float8
+                  AS running_for
 ), spend AS (
     -- The rate bucket after this claim took its runs' tokens (under the same lock).
     INSERT INTO provider_buckets (provider, tokens, updated_at)
@@ -144,7 +158,7 @@ WITH admit AS (
            END AS claimable
 )
 SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for,
-       a.half_open, a.failures, a.llm_tokens
+       a.half_open, a.failures, a.llm_tokens, a.paced_for, a.ramp
 FROM seen
 CROSS JOIN admit a
 -- Commits without waiting for its WAL flush, as run_claim_batch.
@@ -173,14 +187,20 @@ CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 -- succeeded | dead | cancelled | skipped | pending (a retry, available again after retry_in).
 -- A succeeded attempt stays in the run row (attempt_id, worker_id, attempt_started_at), so the
 -- happy path writes this one row; any other ending writes its attempt's own row, since the
--- run row will not tell it (0013_two_writes_per_run.sql).
+-- run row will not tell it (0013_two_writes_per_run.sql). An ended attempt records the
+-- provider and model it used ($17, $18), whether it was throttled ($19: it then counts in
+-- runs.throttles, not against max_attempts) and how long it was asked to wait ($20); a retry
+-- may move the run to another place of its route ($21 route, $22 provider, $23 model; NULL
+-- route: it stays where it is), 0023_provider_weather.sql.
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
                 $8::interval[], $9::text[], $10::text[], $11::jsonb[], $12::jsonb[],
-                $14::jsonb[], $15::jsonb[], $16::jsonb[])
+                $14::jsonb[], $15::jsonb[], $16::jsonb[], $17::text[], $18::text[],
+                $19::boolean[], $20::interval[], $21::integer[], $22::text[], $23::text[])
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
-              attempt_status, notice, followup, output_json, decision, watch)
+              attempt_status, notice, followup, output_json, decision, watch,
+              provider, model, throttled, wait, next_route, next_provider, next_model)
 ), decided AS MATERIALIZED (
     -- A `changed` monitor's success is decided against its schedule's memory before its
     -- update (monitor_decide, 0021_monitor_decide.sql; it locks the rows it decides for, so
@@ -214,17 +234,23 @@ WITH input AS (
         attempt_id = CASE WHEN i.status = 'pending' THEN NULL ELSE r.attempt_id END,
         lease_expires_at = NULL,
         worker_id = CASE WHEN i.status = 'succeeded' THEN r.worker_id END,
-        cancel_requested = false
+        cancel_requested = false,
+        throttles = r.throttles + CASE WHEN i.throttled THEN 1 ELSE 0 END,
+        route = coalesce(i.next_route, r.route),
+        provider = coalesce(i.next_provider, r.provider),
+        model = CASE WHEN i.next_route IS NULL THEN r.model ELSE i.next_model END
     FROM input i
     LEFT JOIN decided d ON d.id = i.id
     WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
     RETURNING r.id, r.schedule_id, r.status, r.attempts, r.attempt_started_at, i.attempt_id,
-              i.attempt_status, i.error, i.usage, i.notice, i.followup, r.notify_decision
+              i.attempt_status, i.error, i.usage, i.notice, i.followup, r.notify_decision,
+              i.provider, i.model, i.throttled, i.wait
 ), ended AS (
     INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
-                                finished_at, error, usage)
+                                finished_at, error, usage, provider, model, throttled, wait)
     SELECT f.attempt_id, f.id, f.attempts, $13, f.attempt_status, f.attempt_started_at,
-           coalesce($1::timestamptz, now()), f.error, f.usage
+           coalesce($1::timestamptz, now()), f.error, f.usage, f.provider, f.model,
+           coalesce(f.throttled, false), f.wait
     FROM finished f
     WHERE f.status <> 'succeeded'
 ), owed AS (
@@ -269,12 +295,12 @@ WITH released AS (
         available_at = coalesce($1::timestamptz, now()), releases = r.releases + 1
     FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
     WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
-    RETURNING r.id, h.attempt_id, r.attempts, r.attempt_started_at
+    RETURNING r.id, h.attempt_id, r.attempts, r.attempt_started_at, r.provider
 ), attempts AS (
     INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
-                                finished_at, error)
+                                finished_at, error, provider)
     SELECT attempt_id, id, attempts, $4, 'released', attempt_started_at,
-           coalesce($1::timestamptz, now()), 'released: the worker shut down'
+           coalesce($1::timestamptz, now()), 'released: the worker shut down', provider
     FROM released
 )
 SELECT count(*)::int FROM released;
@@ -297,13 +323,14 @@ WITH expired AS (
     UPDATE runs r
     -- A run asked to cancel whose worker died ends cancelled, as its worker would have.
     SET status = CASE WHEN r.cancel_requested THEN 'cancelled'
-                      WHEN r.attempts - r.releases >= r.max_attempts THEN 'dead'
+                      -- throttled attempts do not count (0023_provider_weather.sql)
+                      WHEN r.attempts - r.releases - r.throttles >= r.max_attempts THEN 'dead'
                       ELSE 'pending' END,
         error = CASE WHEN r.cancel_requested THEN 'cancelled; its worker was lost'
                      WHEN e.lease_lost THEN 'lease expired: the worker was lost'
                      ELSE 'timed out: the worker did not stop the attempt' END,
         finished_at = CASE WHEN r.cancel_requested
-                             OR r.attempts - r.releases >= r.max_attempts
+                             OR r.attempts - r.releases - r.throttles >= r.max_attempts
                            THEN coalesce($1::timestamptz, now()) END,
         cancel_requested = false,
         available_at = coalesce($1::timestamptz, now()),
@@ -314,10 +341,10 @@ WITH expired AS (
               e.lease_lost, e.attempts, e.attempt_started_at
 ), lost AS (
     INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
-                                finished_at, error)
+                                finished_at, error, provider)
     SELECT attempt_id, id, attempts, worker_id, 'lost', attempt_started_at,
            coalesce($1::timestamptz, now()),
-           CASE WHEN lease_lost THEN 'lease expired' ELSE 'deadline passed' END
+           CASE WHEN lease_lost THEN 'lease expired' ELSE 'deadline passed' END, provider
     FROM reaped
 ), owed AS (
     -- Invariant 5, as run_finish_many: a reaped run that went dead owes its failure
@@ -358,7 +385,7 @@ SELECT known::float8 FROM runs_analyze_outgrown($1) AS known WHERE known < $1;
 -- name: run_list
 SELECT r.id, r.schedule_id, r.slot, r.origin, r.status, r.skip_reason, r.missed_slots,
        r.attempts, r.max_attempts, r.error, r.output, r.available_at, r.created_at,
-       r.started_at, r.finished_at, r.replay_of, r.tokens, r.cost, r.output_json,
+       r.started_at, r.finished_at, r.replay_of, r.throttles, r.tokens, r.cost, r.output_json,
        r.notify_decision
 FROM runs r
 JOIN schedules s ON s.id = r.schedule_id
@@ -437,38 +464,66 @@ WITH old AS (
 SELECT (SELECT count(*) FROM gone)::int + (SELECT count(*) FROM dropped)::int;
 
 -- name: provider_trip
--- A retryable failure of one of the provider's attempts, seen by any replica. With $3 (the
--- provider's Retry-After, in seconds) the breaker opens for at least that long at once; else
--- it counts the failure and opens after $4 in a row, for $5 seconds doubling per further
--- failure up to $6. Returns open_until.
-INSERT INTO provider_buckets AS b (provider, failures, open_until, reason)
+-- A failure of one of the provider's attempts ($7: when it started), seen by any replica. One
+-- burst is one event: an attempt that started before the breaker last opened (opened_at) is
+-- part of what opened it, and changes nothing (no row comes back). A throttled answer ($8: a
+-- 429, a 503 with Retry-After) opens the breaker at once: for $3 seconds when the provider said
+-- how long (Retry-After, or its rate-limit headers), else for $9 seconds doubling per
+-- throttled answer in a row, up to $6. Other failures count, and open it after $4 in a row, for
+-- $5 seconds doubling per further failure up to $6. Each opening restarts the fleet's allowed
+-- concurrency at one (ramp). Returns open_until, and whether this failure opened it.
+INSERT INTO provider_buckets AS b (provider, failures, open_until, reason, opened_at, ramp)
 VALUES ($2, 1,
-        CASE WHEN $3::float8 IS NOT NULL
-             THEN coalesce($1::timestamptz, clock_timestamp()) + make_interval(secs => $3) END,
-        CASE WHEN $3::float8 IS NOT NULL THEN 'rate limited (429)' END)
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp())
+             + make_interval(secs => coalesce($3::float8, CASE WHEN $8::boolean THEN $9::float8 ELSE $5::float8 END)) END,
+        CASE WHEN $8 THEN 'throttled' WHEN $4 <= 1 THEN '1 failures in a row' END,
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp()) END,
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN 1 END)
 ON CONFLICT (provider) DO UPDATE
 SET failures = b.failures + 1,
     open_until = CASE
-        WHEN $3::float8 IS NOT NULL THEN greatest(b.open_until,
-             coalesce($1::timestamptz, clock_timestamp()) + make_interval(secs => $3))
+        WHEN $8 THEN greatest(b.open_until, coalesce($1::timestamptz, clock_timestamp())
+             + make_interval(secs => coalesce($3::float8, least($6::float8, $9::float8 * 2 ^ b.failures))))
         WHEN b.failures + 1 >= $4 THEN greatest(b.open_until,
              coalesce($1::timestamptz, clock_timestamp())
              + make_interval(secs => least($6::float8, $5::float8 * 2 ^ (b.failures + 1 - $4))))
         ELSE b.open_until END,
+    opened_at = CASE WHEN $8 OR b.failures + 1 >= $4
+                     THEN coalesce($1::timestamptz, clock_timestamp()) ELSE b.opened_at END,
+    ramp = CASE WHEN $8 OR b.failures + 1 >= $4 THEN 1 ELSE b.ramp END,
     reason = CASE
-        WHEN $3::float8 IS NOT NULL THEN 'rate limited (429)'
+        WHEN $8 THEN 'throttled'
         WHEN b.failures + 1 >= $4 THEN (b.failures + 1) || ' failures in a row'
         ELSE b.reason END
-RETURNING open_until;
+WHERE b.opened_at IS NULL OR $7::timestamptz >= b.opened_at
+RETURNING open_until, opened_at = coalesce($1::timestamptz, clock_timestamp()) AS opened;
 
 -- name: provider_recover
--- A success: the failure count restarts; a half-open probe's ($2) also closes the breaker. A
--- run that was already in flight when the breaker opened does not close it.
+-- A success of an attempt that started at $3: the failure count restarts; a half-open probe's
+-- ($2) also closes the breaker. While the fleet's allowed concurrency ramps back (ramp), a
+-- success of an attempt started after the breaker last opened adds 1 / floor(ramp) to it
+-- (about one more per round of the whole allowance: additive increase), until it reaches
+-- max_concurrency ($4), where the ramp ends. Returns the ramp after it (NULL: ended).
 UPDATE provider_buckets
 SET failures = 0,
     open_until = CASE WHEN $2 THEN NULL ELSE open_until END,
-    reason = CASE WHEN $2 THEN NULL ELSE reason END
-WHERE provider = $1 AND (failures > 0 OR ($2 AND open_until IS NOT NULL));
+    reason = CASE WHEN $2 THEN NULL ELSE reason END,
+    -- (1e-6: three thirds make a whole step, not 0.999...)
+    ramp = CASE WHEN ramp IS NULL OR $3::timestamptz < opened_at THEN ramp
+                WHEN ramp + 1 / floor(ramp + 1e-6) + 1e-6 >= $4 THEN NULL
+                ELSE ramp + 1 / floor(ramp + 1e-6) END
+WHERE provider = $1 AND (failures > 0 OR ($2 AND open_until IS NOT NULL) OR ramp IS NOT NULL)
+RETURNING ramp;
+
+-- name: provider_pace
+-- The provider's rate-limit headers said nothing is left for $3 seconds ($4 says which
+-- header): no replica sends to it before then (provider_admit).
+INSERT INTO provider_buckets AS b (provider, paced_until, pace_reason)
+VALUES ($2, coalesce($1::timestamptz, clock_timestamp()) + make_interval(secs => $3::float8), $4)
+ON CONFLICT (provider) DO UPDATE
+SET paced_until = greatest(b.paced_until, excluded.paced_until),
+    pace_reason = CASE WHEN b.paced_until >= excluded.paced_until THEN b.pace_reason
+                       ELSE excluded.pace_reason END;
 
 -- name: provider_debit_tokens
 -- An attempt of a provider with a tokens-per-minute limit ($3) ended having used $4 tokens:
@@ -490,4 +545,15 @@ SET llm_tokens = CASE
 -- Providers whose breaker is open now, for the console.
 SELECT provider, open_until, reason FROM provider_buckets
 WHERE open_until > coalesce($1::timestamptz, now())
+ORDER BY provider;
+
+-- name: provider_weather
+-- Every provider's fleet-wide state, for the console and `status`: its breaker (open until,
+-- why, since when), its allowed concurrency while it ramps back (NULL: the configured
+-- limit), and until when its own headers pace it.
+SELECT provider, open_until, reason, opened_at, failures, ramp, paced_until, pace_reason,
+       open_until IS NOT NULL AND open_until > coalesce($1::timestamptz, now()) AS open,
+       open_until IS NOT NULL AND open_until <= coalesce($1::timestamptz, now()) AS half_open,
+       paced_until IS NOT NULL AND paced_until > coalesce($1::timestamptz, now()) AS paced
+FROM provider_buckets
 ORDER BY provider;

@@ -2,10 +2,10 @@
 INSERT INTO schedules (
     owner, name, kind, expression, timezone, dst_gap, dst_fold, prompt, provider, model, params,
     misfire_policy, misfire_cap, misfire_grace, catchup_window, overlap_policy, max_attempts,
-    timeout, jitter, output_schema, notify_when, enabled, next_fire_at, pause_after_failures,
-    notify, budget, vars, followup_key)
+    timeout, jitter, output_schema, notify_when, give_up_after, fallback, enabled, next_fire_at,
+    pause_after_failures, notify, budget, vars, followup_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20, $21, $22, $23, $24, $25, $26, $27, $28)
+        $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
 RETURNING *;
 
 -- name: schedule_get
@@ -195,7 +195,8 @@ SET name = $3, kind = $4, expression = $5, timezone = $6, dst_gap = $7, dst_fold
     prompt = $9, provider = $10, model = $11, params = $12, misfire_policy = $13,
     misfire_cap = $14, misfire_grace = $15, catchup_window = $16, overlap_policy = $17,
     max_attempts = $18, timeout = $19, jitter = $20, output_schema = $21, notify_when = $22,
-    next_fire_at = $23, pause_after_failures = $24, notify = $25, budget = $26,
+    give_up_after = $23, fallback = $24,
+    next_fire_at = $25, pause_after_failures = $26, notify = $27, budget = $28,
     version = version + 1,
     updated_at = now()
 WHERE id = $1 AND version = $2
