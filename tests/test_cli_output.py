@@ -22,7 +22,9 @@ LONG_ERROR = "the provider answered 400: " + "the prompt is longer than the mode
 def _cli(dsn: str, *args: str) -> str:
     done = run_cli(*args, dsn=dsn, env=PINNED)
     assert done.returncode == 0, done.stderr
-    assert args[:2] == ("tokens", "create") or not done.stderr, done.stderr
+    # Direct mode with no service running says what it checks input against (ops/fleet.py).
+    said = [line for line in done.stderr.splitlines() if "no replica is running" not in line]
+    assert args[:2] == ("tokens", "create") or not said, done.stderr
     return done.stdout
 
 
