@@ -66,7 +66,7 @@ async def test_decisions_answers_and_diffs_are_shown(pool: asyncpg.Pool[Any], ds
     assert diffed.returncode == 0, diffed.stderr
     assert diffed.stdout.splitlines() == [
         f"run {a} -> run {c}: 2 path(s) changed",
-        '  /status: "ok" -> "degraded"', "  /degraded: false -> true",
+        '  /status: "ok" → "degraded"', "  /degraded: false → true",
     ]  # fmt: skip
     as_json = run_cli("runs", "diff", str(t1), str(t2), "--json", dsn=dsn)
     assert json.loads(as_json.stdout)["kind"] == "text"

@@ -16,6 +16,7 @@ from promptsched.domain import RunStatus
 from promptsched.errors import ValidationError
 from promptsched.human import runs as human_runs
 from promptsched.human import times
+from promptsched.monitor import changes
 from promptsched.ops import followups as followup_ops
 from promptsched.ops import schemas
 
@@ -119,18 +120,8 @@ def diff_words(data: dict[str, Any]) -> list[str]:
         return [f"run {data['a']} and run {data['b']}: the same {what} (as `changed` compares)"]
     if data["kind"] == "json":
         head = [f"run {data['a']} -> run {data['b']}: {len(data['paths'])} path(s) changed"]
-        return head + [f"  {_path_words(p)}" for p in data["paths"]]
+        return head + [f"  {changes.line_of(p)}" for p in data["paths"]]
     return list(data["diff"])
-
-
-def _path_words(change: dict[str, Any]) -> str:
-    old = json.dumps(change["old"], ensure_ascii=False) if "old" in change else None
-    new = json.dumps(change["new"], ensure_ascii=False) if "new" in change else None
-    if old is None:
-        return f"{change['path']}: added {new}"
-    if new is None:
-        return f"{change['path']}: removed (was {old})"
-    return f"{change['path']}: {old} -> {new}"
 
 
 def cmd_diff(args: argparse.Namespace, config: configuration.Config) -> int:

@@ -29,6 +29,8 @@ LABELS = {
     "budget_cost_per_day": "Budget: cost a day (optional)",
     "budget_tokens_per_month": "Budget: tokens a month (optional)",
     "budget_cost_per_month": "Budget: cost a month (optional)",
+    "notify_when": "Notify when",
+    "output_schema": "Output JSON Schema (optional)",
 }  # fmt: skip
 BUDGET_FIELDS = tuple(f"budget_{key}" for key in budgets.LIMITS)
 # The options of a select, in words; the value sent is the stored word.
@@ -63,6 +65,10 @@ HINTS = {
     "budget_cost_per_day": "in the price table's unit (PROMPTSCHED_PRICES), per UTC day",
     "budget_tokens_per_month": "per UTC month",
     "budget_cost_per_month": "per UTC month, in the price table's unit",
+    "notify_when": "always; changed (only when the answer changed); with a schema: changed "
+    '/status, /degraded (when true), /status == "down"',
+    "output_schema": 'a JSON Schema the answer must match, e.g. {"type": "object", '
+    '"properties": {"degraded": {"type": "boolean"}}}; checked as you type',
 }
 
 
@@ -104,6 +110,10 @@ _TEXTAREA = Template('<textarea id="f-$name" name="$name" rows="$rows"$attrs>$va
 _SELECT = Template('<select id="f-$name" name="$name"$attrs>$options</select>')
 _OPTION = Template('<option value="$value"$attrs>$label</option>')
 _HINT = Template('<small class="hint">$text</small>')
+# The output schema's live check (console.js fills it in as you type).
+_SCHEMA_CHECK = Markup(
+    '<small class="schema-check" id="schema-check" aria-live="polite" hidden></small>'
+)
 _MESSAGE = Template('<small class="message" id="m-$name" role="alert">$text</small>')
 _PREVIEW = Template("""<h2>Next fire times</h2>
 <p id="preview-words" class="describe">$words</p>
@@ -145,13 +155,14 @@ def _control(name: str, value: str, choices: Sequence[str] | None, described: st
             for c in choices
         )
         return _SELECT(name=name, options=options, attrs=attrs(**extra))
-    if name in ("prompt", "params"):
-        rows = 6 if name == "prompt" else 2
+    if name in ("prompt", "params", "output_schema"):
+        rows = {"prompt": 6, "params": 2, "output_schema": 6}[name]
         more: dict[str, object] = {
             "required": name == "prompt",
-            "spellcheck": "false" if name == "params" else None,
+            "spellcheck": "false" if name != "prompt" else None,
         }
-        return _TEXTAREA(name=name, value=value, rows=rows, attrs=attrs(**extra, **more))
+        area = _TEXTAREA(name=name, value=value, rows=rows, attrs=attrs(**extra, **more))
+        return join([area, _SCHEMA_CHECK]) if name == "output_schema" else area
     more = {
         "required": name in ("name", "expression"),
         "maxlength": {"name": 200, "expression": 2000, "model": 200}.get(name, 100),

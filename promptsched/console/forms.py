@@ -23,11 +23,12 @@ PREVIEW_COUNT = 5
 FIELDS = ("name", "kind", "expression", "timezone", "prompt", "provider", "model", "params",
           "misfire", "overlap", "max_attempts", "timeout", "misfire_grace", "misfire_cap",
           "catchup_window", "jitter", "dst_gap", "dst_fold", "pause_after_failures",
-          "give_up_after", "fallback", *form_page.BUDGET_FIELDS)  # fmt: skip
+          "give_up_after", "fallback", *form_page.BUDGET_FIELDS, "notify_when",
+          "output_schema")  # fmt: skip
 DEFAULTS = {"kind": "auto", "timezone": "UTC", "provider": "echo", "misfire": "run_once",
             "overlap": "skip", "max_attempts": "3", "timeout": "5m", "params": "",
             "misfire_grace": "1m", "misfire_cap": "100", "dst_gap": "shift",
-            "dst_fold": "first", "give_up_after": "1h"}  # fmt: skip
+            "dst_fold": "first", "give_up_after": "1h", "notify_when": "always"}  # fmt: skip
 CHOICES = {
     "kind": ("auto", *spec.KINDS),
     "misfire": inputs.MISFIRE_POLICIES,
@@ -81,6 +82,8 @@ def _raw(values: dict[str, str]) -> dict[str, Any]:
         budget=budgets.parse_texts(
             {key: values[f"budget_{key}"] for key in budgets.LIMITS}, field="budget"
         ),
+        notify_when=values["notify_when"].strip() or "always",
+        output_schema=inputs.schema_text(values["output_schema"]),
     )
     return raw
 
@@ -105,6 +108,8 @@ def _row_values(row: domain.Schedule) -> dict[str, str]:
     values["params"] = json.dumps(data["params"]) if data["params"] else ""
     values["fallback"] = ", ".join(row.fallback)
     values.update(form_page.budget_values(row.budget))
+    values["output_schema"] = json.dumps(row.output_schema, indent=2) if row.output_schema else ""
+    values["notify_when"] = row.notify_when
     return {**values, **notify_form.values_of(row.notify)}
 
 
@@ -218,6 +223,33 @@ async def save(ctx: Ctx) -> web.StreamResponse:
             ctx, values, sid=sid, version=version, notice=notice, status=409, stored_notify=stored
         )
     return _saved(ctx, values, stored, row, "saved")
+
+
+async def schema_check(ctx: Ctx) -> web.StreamResponse:
+    """The form's live check of the output schema and the notify condition, as typed: the
+    save-time checks, nothing stored."""
+    text = ctx.field("output_schema", "")[: 4 * 16_384]
+    when = ctx.field("notify_when", "")[:1000]
+    try:
+        validate.check_storable([text, when])
+        schema = inputs.schema_text(text)
+        fields = inputs.monitor_fields({"output_schema": schema, "notify_when": when}, {})
+    except ValidationError as exc:
+        return web.json_response(
+            {"ok": False, "field": exc.field, "message": exc.message},
+            headers={"Cache-Control": "no-store"},
+        )
+    shown = fields["output_schema"]
+    props = list((shown or {}).get("properties") or {})
+    summary = (
+        f"A valid JSON Schema: a JSON object with {', '.join(props) or 'any properties'}."
+        if shown is not None
+        else "No schema: the answer is free text."
+    )
+    return web.json_response(
+        {"ok": True, "message": summary, "notify_when": fields["notify_when"]},
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def preview(ctx: Ctx) -> web.StreamResponse:

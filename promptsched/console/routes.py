@@ -143,6 +143,7 @@ ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
     ("POST", "/login", _public(session.login), "console.login"),
     ("POST", "/logout", _page(session.logout, post=True), "console.logout"),
     ("GET", "/preview", _page(forms.preview), "console.preview"),
+    ("POST", "/schema-check", _page(forms.schema_check, post=True), "console.schema_check"),
     ("GET", "/schedules/new", _page(forms.new_form), "console.new"),
     ("POST", "/schedules/new", _page(forms.create, post=True), "console.new"),
     ("GET", "/schedules/{id}", _page(schedules.detail_page), "console.schedule"),

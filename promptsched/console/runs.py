@@ -19,7 +19,9 @@ from promptsched.console.html import Markup, Template, join
 from promptsched.domain import AttemptStatus, RunStatus
 from promptsched.human import runs as human_runs
 from promptsched.human import text
+from promptsched.monitor import changes
 from promptsched.ops import lookups, notifications
+from promptsched.ops import runs as run_ops
 from promptsched.web import progress
 
 DEAD_PAGE = 25
@@ -235,6 +237,32 @@ def _sent(items: list[dict[str, object]]) -> Markup:
     )  # fmt: skip
 
 
+async def _monitor_facts(ctx: Ctx, row: asyncpg.Record) -> list[tuple[str, object]]:
+    """A monitor's run: whether it notified and why, what changed since the run it was
+    compared with, and its structured answer."""
+    facts: list[tuple[str, object]] = []
+    decision = row["notify_decision"]
+    if isinstance(decision, dict):
+        told = "notified" if decision.get("notify") else "not notified"
+        since = decision.get("since")
+        words: list[object] = [f"{told}: {decision.get('reason')}"]
+        if since is not None:
+            words += [" (compared with ", _run_link(int(since)), ")"]
+        facts.append(("Notify", join(words)))
+        if since is not None and row["output"] is not None:
+            try:
+                found = await run_ops.diff_runs(ctx.deps.pool, int(since), row["id"], ctx.scope)
+            except (errors.NotFound, errors.ValidationError):  # that run is gone
+                found = None
+            if found is not None and found["changed"]:
+                lines = found.get("diff") or [changes.line_of(p) for p in found.get("paths", [])]
+                facts.append(("What changed", _PRE(text="\n".join(lines), cls="diff")))
+    if row["output_json"] is not None:
+        text_json = json.dumps(row["output_json"], indent=2, ensure_ascii=False)
+        facts.append(("Answer (JSON)", _PRE(text=text_json, cls="json")))
+    return facts
+
+
 def _run_link(run_id: int) -> Markup:
     return layout.link(f"/runs/{run_id}", f"run #{run_id}")
 
@@ -275,6 +303,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         ("Took", timefmt.duration(row["started_at"], row["finished_at"])),
         ("Notes", _notes(row) or "—"),
         ("Usage", usage),
+        *await _monitor_facts(ctx, row),
     ]
     body = _DETAIL(
         status=layout.badge(row["status"]),

@@ -102,6 +102,9 @@ def settings(ctx: Ctx, row: Schedule, spend: Mapping[str, Any] | None = None) ->
         ("Notify", notify_targets.words(notify_targets.public(row.notify)) if row.notify
                    else "nobody"),
         ("Budget", budgets.describe(row.budget)),
+        ("Notify when", code(row.notify_when)),
+        ("Output schema", _PRE(text=json.dumps(row.output_schema, indent=2))
+                          if row.output_schema else "none: the answer is free text"),
         ("Owner", row.owner),
         ("Version", row.version),
         ("Created", timefmt.stamp(row.created_at, where, ctx.now)),

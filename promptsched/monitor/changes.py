@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +86,17 @@ class Change:
 
     def line(self) -> str:
         """``/status: "ok" → "degraded"`` (or ``added``, ``removed``)."""
-        if self.added:
-            return f"{self.path or '/'}: added {_shown(self.new)}"
-        if self.removed:
-            return f"{self.path or '/'}: removed (was {_shown(self.old)})"
-        return f"{self.path or '/'}: {_shown(self.old)} → {_shown(self.new)}"
+        return line_of(self.json())
+
+
+def line_of(change: Mapping[str, Any]) -> str:
+    """A change as ``Change.json`` (or the API) gives it, in one line for people."""
+    path = change.get("path") or "/"
+    if "old" not in change:
+        return f"{path}: added {_shown(change.get('new'))}"
+    if "new" not in change:
+        return f"{path}: removed (was {_shown(change['old'])})"
+    return f"{path}: {_shown(change['old'])} → {_shown(change['new'])}"
 
 
 def _shown(value: Any, limit: int = 120) -> str:

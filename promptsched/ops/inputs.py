@@ -3,6 +3,7 @@ would fail every attempt fail at save time instead."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
@@ -177,7 +178,7 @@ def validate(
             raw.get("notify"), allow=webhook_allow, current=current_notify
         ),
         budget=budgets.validate(raw.get("budget")),
-        **_monitor(raw, params),
+        **monitor_fields(raw, params),
         **_weather(raw, provider, providers),
     )
     if values.timeout < timedelta(seconds=1):
@@ -199,8 +200,9 @@ def _weather(raw: Mapping[str, Any], provider: str, providers: Collection[str]) 
     }
 
 
-def _monitor(raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """``output_schema`` and ``notify_when``, checked together (docs/monitors.md)."""
+def monitor_fields(raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``output_schema`` and ``notify_when``, checked together (docs/monitors.md); the
+    console checks them as they are typed."""
     schema = output_schemas.check(raw.get("output_schema"))
     condition = conditions.parse(raw.get("notify_when"))
     if condition.structured and schema is None:
@@ -213,6 +215,19 @@ def _monitor(raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any
             "params.response_format", "the output_schema sets the response format: remove this"
         )
     return {"output_schema": schema, "notify_when": conditions.text(condition)}
+
+
+def schema_text(text: str) -> dict[str, Any] | None:
+    """An output schema typed as text (the console's field): JSON, or None when empty."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError("output_schema", f"is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValidationError("output_schema", "must be a JSON object (a JSON Schema)")
+    return value
 
 
 def _check_provider_params(

@@ -184,4 +184,47 @@
     field.addEventListener("change", later);
   });
   form.setAttribute("data-live-preview", "on");
+
+  // The output schema and the notify condition, checked as you type by the save-time checks.
+  var schema = form.elements.namedItem("output_schema");
+  var check = document.getElementById("schema-check");
+  if (!schema || !check) return;
+  var checkTimer = null;
+  var checkLatest = 0;
+
+  function showCheck(data) {
+    check.hidden = false;
+    check.textContent = data.ok ? data.message : data.field + ": " + data.message;
+    check.className = "schema-check " + (data.ok ? "ok" : "bad");
+  }
+
+  function runCheck() {
+    var body = new URLSearchParams({
+      csrf: form.elements.namedItem("csrf").value,
+      output_schema: schema.value,
+      notify_when: form.elements.namedItem("notify_when").value,
+    });
+    var mine = ++checkLatest;
+    fetch("/schema-check", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { Accept: "application/json" },
+      body: body,
+    })
+      .then(function (response) { return response.json(); })
+      .then(function (data) { if (mine === checkLatest) showCheck(data); })
+      .catch(function () { if (mine === checkLatest) check.hidden = true; });
+  }
+
+  function checkLater() {
+    clearTimeout(checkTimer);
+    checkTimer = setTimeout(runCheck, 250);
+  }
+
+  [schema, form.elements.namedItem("notify_when")].forEach(function (field) {
+    field.addEventListener("input", checkLater);
+    field.addEventListener("change", checkLater);
+  });
+  form.setAttribute("data-live-schema", "on");
+  if (schema.value.trim()) runCheck();
 })();
