@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -52,6 +53,16 @@ ENV = {
 LOOPBACK = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
 # Dashboard queries that may come back empty in this scenario, and why.
 EMPTY_FOR_A_REASON: dict[str, str] = {}
+
+
+def prometheus_binary() -> str:
+    path = os.environ.get("PROMPTSCHED_PROMETHEUS", "/usr/bin/prometheus")
+    if not os.access(path, os.X_OK):
+        pytest.fail(
+            f"no Prometheus at {path}: `make test` installs Debian's prometheus package "
+            "(or set PROMPTSCHED_PROMETHEUS)"
+        )
+    return path
 
 
 def _free_port() -> int:
@@ -112,7 +123,7 @@ class Prometheus:
         self._log = open(self.workdir / "prometheus.log", "ab")
         self.process = subprocess.Popen(
             [
-                "/usr/bin/prometheus",
+                prometheus_binary(),
                 f"--config.file={self.workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
