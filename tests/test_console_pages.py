@@ -65,13 +65,17 @@ async def test_login_sets_a_strict_http_only_cookie_and_logout_clears_it(ui: Con
     again = await ui.login(token)
     assert again.status == 303 and again.headers["Location"] == "/"
     cookie = _cookie(again, "promptsched_session")
-    assert cookie.value == token
+    # The session's own secret, never the token: logging out makes it worthless.
+    assert cookie.value.startswith("pss_") and token not in cookie.value
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
     assert not cookie["secure"]  # plain http here; https sets Secure
     out = await ui.post("/logout", {})
     assert out.status == 303 and out.headers["Location"] == "/login"
     cleared = _cookie(out, "promptsched_session")
     assert cleared.value == "" and cleared["max-age"] == "0"
+    assert (await ui.get("/")).status == 303
+    # The logged-out session's cookie, kept (copied, stolen), no longer gets in.
+    ui.client.session.cookie_jar.update_cookies({"promptsched_session": cookie.value})
     assert (await ui.get("/")).status == 303
 
 

@@ -195,5 +195,9 @@ def register(sub: Any) -> None:
     cancel.add_argument("key")
     cancel.set_defaults(func=cmd_cancel)
     for command in (add, show, listing, cancel):
-        command.add_argument("--owner", help="whose (direct mode only; default `default`)")
+        command.add_argument(
+            "--owner",
+            help="whose: direct mode, default `default`; remote mode, another owner's needs an "
+            "admin token (new follow-ups are always the token's owner's)",
+        )
         command.add_argument("--json", action="store_true")

@@ -302,6 +302,8 @@ class RemoteBackend:
                         first = False
                         yield "subscribed", {}
                     async for kind, data in _events(response):
+                        if kind == "revoked":  # the token was revoked while watching
+                            raise CliError(f"the event stream ended: {data.get('reason')}")
                         yield kind, data
                         if kind == "done":
                             return
@@ -321,7 +323,7 @@ class RemoteBackend:
         data: dict[str, Any] = await self.call("GET", "/v1/preview", params=query)
         return data
 
-    # Follow-ups: always the token's owner's.
+    # Follow-ups: the token's owner's; an admin token reaches another owner's with --owner.
     async def create_followup(
         self, body: dict[str, Any], owner: str | None
     ) -> tuple[bool, dict[str, Any]]:
@@ -330,26 +332,24 @@ class RemoteBackend:
         return status == 201, data
 
     async def get_followup(self, key: str, owner: str | None) -> dict[str, Any]:
-        del owner
-        data: dict[str, Any] = await self.call("GET", f"/v1/followups/{quote(key, safe='')}")
+        path = f"/v1/followups/{quote(key, safe='')}"
+        data: dict[str, Any] = await self.call("GET", path, params={"owner": owner})
         return data
 
     async def cancel_followup(self, key: str, owner: str | None) -> None:
-        del owner
-        await self.call("DELETE", f"/v1/followups/{quote(key, safe='')}")
+        path = f"/v1/followups/{quote(key, safe='')}"
+        await self.call("DELETE", path, params={"owner": owner})
 
     async def list_followup_runs(
         self, key: str, *, status: str | None, limit: int, owner: str | None
     ) -> list[dict[str, Any]]:
-        del owner  # the token's owner
         path = f"/v1/followups/{quote(key, safe='')}/runs"  # a 404 unless it is yours
-        return await self._pages(path, {"status": status}, limit)
+        return await self._pages(path, {"status": status, "owner": owner}, limit)
 
     async def list_followups(
         self, state: str | None, limit: int, owner: str | None
     ) -> list[dict[str, Any]]:
-        del owner
-        return await self._pages("/v1/followups", {"state": state}, limit)
+        return await self._pages("/v1/followups", {"state": state, "owner": owner}, limit)
 
     async def get_budget(self, owner: str | None) -> dict[str, Any]:
         query = {"owner": owner} if owner else None

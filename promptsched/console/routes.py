@@ -88,7 +88,7 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
         ctx: Ctx | None = None
         try:
             token = session.session_token(request)
-            who = await auth.authenticate_token(token, deps.pool, deps.clock)
+            who = await auth.authenticate_session(token, deps.pool, deps.clock)
             if who is None or token is None:
                 return layout.redirect_to_login(request)
             form = None

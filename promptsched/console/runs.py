@@ -218,7 +218,7 @@ async def events(ctx: Ctx) -> web.StreamResponse:
     try:
         return await progress.stream_run(
             ctx.request, pool=ctx.deps.pool, hub=ctx.deps.progress, run_id=ctx.path_id(),
-            scope=ctx.scope,
+            who=ctx.who, clock=ctx.deps.clock,
         )  # fmt: skip
     except errors.NotFound:
         raise NotFoundPage() from None

@@ -1,6 +1,8 @@
-"""Console sessions: the API token in an HttpOnly, SameSite=Strict cookie, checked by the
-same ``auth.authenticate_token`` as a bearer header; CSRF tokens (an HMAC of the session
-token, or a double-submit cookie on the login form); the login and logout pages."""
+"""Console sessions: logging in with an API token starts a session (``auth.start_session``)
+whose own secret goes in an HttpOnly, SameSite=Strict cookie, never the token itself; each page
+checks it (a revoked token ends its sessions too); logging out ends the session, its cookie
+and its open event streams. CSRF tokens (an HMAC of the session secret, or a double-submit
+cookie on the login form); the login and logout pages."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def _clear(response: web.StreamResponse, request: web.Request, name: str) -> Non
 
 async def login_form(request: web.Request) -> web.StreamResponse:
     deps = request.app[DEPS]
-    if await auth.authenticate_token(session_token(request), deps.pool, deps.clock) is not None:
+    if await auth.authenticate_session(session_token(request), deps.pool, deps.clock) is not None:
         return context.redirect("/")
     return _login_page(request, None, 200)
 
@@ -85,15 +87,18 @@ async def login(request: web.Request) -> web.StreamResponse:
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
     deps = request.app[DEPS]
-    if await auth.authenticate_token(token, deps.pool, deps.clock) is None:
+    who = await auth.authenticate_token(token, deps.pool, deps.clock)
+    secret = await auth.start_session(deps.pool, who, deps.clock) if who is not None else None
+    if secret is None:
         return _login_page(request, "That token is unknown, revoked or mistyped.", 401)
     response = context.redirect("/")
-    _cookie(response, request, SESSION_COOKIE, token)
+    _cookie(response, request, SESSION_COOKIE, secret)
     _clear(response, request, LOGIN_COOKIE)
     return response
 
 
 async def logout(ctx: Ctx) -> web.StreamResponse:
+    await auth.end_session(session_token(ctx.request), ctx.deps.pool, ctx.deps.clock)
     response = context.redirect("/login")
     _clear(response, ctx.request, SESSION_COOKIE)
     return response

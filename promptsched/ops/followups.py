@@ -414,6 +414,7 @@ def summary(found: asyncpg.Record) -> dict[str, Any]:
         "id": found["schedule_id"],
         "key": found["key"],
         "schedule_id": found["schedule_id"],
+        "owner": found["owner"],
         "state": found["state"],
         "ended_reason": found["ended_reason"],
         "due_at": found["due_at"].isoformat(),

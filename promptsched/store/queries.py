@@ -921,6 +921,39 @@ async def token_revoke(db: DB, token_id: int, now: datetime | None) -> Record | 
     return await db.fetchrow(_Q["token_revoke"], token_id, now)
 
 
+async def console_session_start(
+    db: DB, secret_hash: str, token_id: int, ttl: timedelta, now: datetime | None
+) -> int | None:
+    """The new session's id; None when the token was revoked meanwhile."""
+    session_id: int | None = await db.fetchval(
+        _Q["console_session_start"], secret_hash, token_id, ttl, now
+    )
+    return session_id
+
+
+async def console_session_authenticate(
+    db: DB, secret_hash: str, now: datetime | None
+) -> Record | None:
+    return await db.fetchrow(_Q["console_session_authenticate"], secret_hash, now)
+
+
+async def console_session_end(db: DB, secret_hash: str, now: datetime | None) -> None:
+    await db.execute(_Q["console_session_end"], secret_hash, now)
+
+
+async def run_stream_check(
+    db: DB,
+    run_id: int,
+    owner: str | None,
+    token_id: int,
+    session_id: int | None,
+    now: datetime | None,
+) -> Record:
+    row = await db.fetchrow(_Q["run_stream_check"], run_id, owner, token_id, session_id, now)
+    assert row is not None
+    return row
+
+
 # --- api ------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """Bearer tokens: minting (shown once, stored as a sha256 hash), checking, and the principal
-(an owner, or an admin who sees every owner) each request acts as."""
+(an owner, or an admin who sees every owner) each request acts as; the console's sessions,
+started with a token and ended by logging out."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -17,6 +19,9 @@ from promptsched.errors import ValidationError
 from promptsched.store import queries
 
 PREFIX = "pst_"
+SESSION_PREFIX = "pss_"
+# A console session lasts this long after its login (logging out ends it sooner).
+SESSION_TTL = timedelta(days=7)
 _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
 # What a token this module minted can look like; anything else is refused without a query.
 _SHAPE = re.compile(r"^[A-Za-z0-9_-]{16,200}$")
@@ -28,6 +33,7 @@ class Principal:
     token_id: int
     owner: str
     admin: bool
+    session_id: int | None = None  # a console session's, which logging out ends
 
     @property
     def scope(self) -> str | None:
@@ -93,3 +99,34 @@ async def authenticate_token(token: str | None, db: queries.DB, clock: Clock) ->
     if row is None:
         return None
     return Principal(token_id=row["id"], owner=row["owner"], admin=row["admin"])
+
+
+async def start_session(db: queries.DB, who: Principal, clock: Clock) -> str | None:
+    """A new console session of ``who``'s token: the secret for its cookie (only its sha256 is
+    stored), or None when the token was revoked meanwhile."""
+    secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+    started = await queries.console_session_start(
+        db, token_hash(secret), who.token_id, SESSION_TTL, clock.sql_now()
+    )
+    return secret if started is not None else None
+
+
+async def authenticate_session(
+    secret: str | None, db: queries.DB, clock: Clock
+) -> Principal | None:
+    """The principal of a console session's cookie; None when it is missing, malformed, ended,
+    expired, or its token was revoked."""
+    if secret is None or not secret.startswith(SESSION_PREFIX) or not _SHAPE.match(secret):
+        return None
+    row = await queries.console_session_authenticate(db, token_hash(secret), clock.sql_now())
+    if row is None:
+        return None
+    return Principal(
+        token_id=row["id"], owner=row["owner"], admin=row["admin"], session_id=row["session_id"]
+    )
+
+
+async def end_session(secret: str | None, db: queries.DB, clock: Clock) -> None:
+    """Log out: the session ends at once, and its open streams within a second or so."""
+    if secret is not None and _SHAPE.match(secret):
+        await queries.console_session_end(db, token_hash(secret), clock.sql_now())

@@ -18,8 +18,10 @@ import structlog
 from aiohttp import web
 
 from promptsched import errors
+from promptsched.clock import Clock
 from promptsched.domain import RunStatus
 from promptsched.store import queries
+from promptsched.web import auth
 
 log = structlog.get_logger("progress")
 
@@ -109,6 +111,7 @@ class ProgressHub:
 # A stream ends once its run is final (or was deleted with its schedule).
 ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 RETRY_MS = 2000  # how long an EventSource waits before reconnecting
+REVOKED = "the token was revoked or the session logged out"
 
 
 def frame(event: str, data: dict[str, Any]) -> bytes:
@@ -121,15 +124,18 @@ async def stream_run(
     pool: asyncpg.Pool[Any],
     hub: ProgressHub,
     run_id: int,
-    scope: str | None,
+    who: auth.Principal,
+    clock: Clock,
 ) -> web.StreamResponse:
     """A run's live progress as Server-Sent Events, for the API and the console alike:
     ``event: progress`` per step, comments to keep the stream alive, ``event: gap`` when events
-    may have been lost, and ``event: done`` once the run is final. NotFound when the run is not
-    there for ``scope``."""
+    may have been lost, ``event: done`` once the run is final, and ``event: revoked`` (then the
+    end) once ``who``'s token is revoked or its console session logged out, whichever replica
+    did it. NotFound when the run is not there for ``who``."""
+    check = Check(pool, clock, run_id, who)
     # Subscribe before reading the status: an event in between is queued, not lost.
     with hub.subscribe(run_id) as subscription:
-        status = await queries.run_get_status(pool, run_id, scope)
+        status = await check.status()
         if status is None:
             raise errors.NotFound("run", run_id)
         response = web.StreamResponse(
@@ -142,7 +148,7 @@ async def stream_run(
         await response.prepare(request)
         try:
             await response.write(f"retry: {RETRY_MS}\n: watching run {run_id}\n\n".encode())
-            await _pump(response, subscription, status, pool=pool, hub=hub, scope=scope)
+            await _pump(response, subscription, status, check=check, hub=hub)
         except ConnectionError:  # the client went away
             pass
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -153,14 +159,33 @@ async def stream_run(
         return response
 
 
+class Check:
+    """What a stream reads each poll, in one statement: its run's status, and whether the
+    credentials it was opened with still live (a revoked token, an ended session)."""
+
+    def __init__(
+        self, pool: asyncpg.Pool[Any], clock: Clock, run_id: int, who: auth.Principal
+    ) -> None:
+        self.pool, self.clock, self.run_id, self.who = pool, clock, run_id, who
+        self.live = True
+
+    async def status(self) -> str | None:
+        row = await queries.run_stream_check(
+            self.pool, self.run_id, self.who.scope, self.who.token_id, self.who.session_id,
+            self.clock.sql_now(),
+        )  # fmt: skip
+        self.live = bool(row["live"])
+        status: str | None = row["status"]
+        return status
+
+
 async def _pump(
     response: web.StreamResponse,
     subscription: Subscription,
     status: str,
     *,
-    pool: asyncpg.Pool[Any],
+    check: Check,
     hub: ProgressHub,
-    scope: str | None,
 ) -> None:
     run_id = subscription.run_id
     deadline = anyio.current_time() + hub.max_stream
@@ -179,5 +204,8 @@ async def _pump(
         if anyio.current_time() - last_write >= hub.keepalive:
             await response.write(b": keep-alive\n\n")
             last_write = anyio.current_time()
-        status = await queries.run_get_status(pool, run_id, scope) or "deleted"
+        status = await check.status() or "deleted"
+        if not check.live:
+            await response.write(frame("revoked", {"run_id": run_id, "reason": REVOKED}))
+            return
     await response.write(frame("done", {"run_id": run_id, "status": status}))

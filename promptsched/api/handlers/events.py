@@ -13,7 +13,7 @@ from promptsched.web import progress
 async def stream(call: Call) -> web.StreamResponse:
     return await progress.stream_run(
         call.request, pool=call.deps.pool, hub=call.deps.progress,
-        run_id=call.params["id"], scope=call.scope,
+        run_id=call.params["id"], who=call.who, clock=call.deps.clock,
     )  # fmt: skip
 
 
@@ -25,7 +25,8 @@ OPERATIONS = (
             "text/event-stream: `event: progress` per agent step ({run_id, attempt, step, "
             "max_steps, kind, text, tokens}), `: keep-alive` comments, `event: gap` when "
             "events may have been lost, and `event: done` ({run_id, status}) once the run is "
-            "final", "ServerSentEvent", media="text/event-stream"),
+            "final, or `event: revoked` ({run_id, reason}) and the end within seconds of the "
+            "token's revocation", "ServerSentEvent", media="text/event-stream"),
          "404": Reply("no such run (or not yours)", "Error")},
         params=(ID_PARAM,),
         description="Progress is ephemeral: events sent while no client listens are not "

@@ -420,6 +420,21 @@ ALTER TABLE public.attempt_steps ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.console_sessions (
+    id bigint NOT NULL,
+    secret_hash text NOT NULL,
+    token_id bigint NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone
+);
+CREATE SEQUENCE public.console_sessions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+ALTER SEQUENCE public.console_sessions_id_seq OWNED BY public.console_sessions.id;
 CREATE TABLE public.ended_attempts (
     attempt_id uuid NOT NULL,
     run_id bigint NOT NULL,
@@ -764,12 +779,17 @@ ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+ALTER TABLE ONLY public.console_sessions ALTER COLUMN id SET DEFAULT nextval('public.console_sessions_id_seq'::regclass);
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
 ALTER TABLE ONLY public.attempt_steps
     ADD CONSTRAINT attempt_steps_pkey PRIMARY KEY (run_id, attempt_id, id);
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_secret_hash_key UNIQUE (secret_hash);
 ALTER TABLE ONLY public.ended_attempts
     ADD CONSTRAINT ended_attempts_pkey PRIMARY KEY (attempt_id);
 ALTER TABLE ONLY public.ended_attempts
@@ -801,6 +821,7 @@ ALTER TABLE ONLY public.schedule_changes
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
 CREATE INDEX api_tokens_owner_idx ON public.api_tokens USING btree (owner, id);
+CREATE INDEX console_sessions_expires_idx ON public.console_sessions USING btree (expires_at);
 CREATE INDEX followup_checks_schedule_idx ON public.followup_checks USING btree (schedule_id, id);
 CREATE INDEX followups_ended_idx ON public.followups USING btree (updated_at) WHERE (state <> 'active'::text);
 CREATE UNIQUE INDEX followups_owner_key ON public.followups USING btree (owner, key);
@@ -825,6 +846,8 @@ CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
 ALTER TABLE ONLY public.attempt_steps
     ADD CONSTRAINT attempt_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_token_id_fkey FOREIGN KEY (token_id) REFERENCES public.api_tokens(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.ended_attempts
     ADD CONSTRAINT ended_attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.followup_checks
