@@ -274,7 +274,9 @@ class AttemptRunner:
         return usage
 
     def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
-        item = dataclasses.replace(item, provider=attempt.provider, model=row.model)
+        # the model it used: its route's place's, else its provider's default
+        used = self.prices.model(attempt.provider, row.model)
+        item = dataclasses.replace(item, provider=attempt.provider, model=used)
         if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
             # A follow-up's check ended: the finish records it (and any next check).
             item = dataclasses.replace(item, check={"decision": None})

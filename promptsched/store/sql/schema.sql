@@ -736,6 +736,7 @@ UNION ALL
     r.usage,
     r.provider,
         CASE
+            WHEN ((r.status = 'succeeded'::text) AND (r.model IS NOT NULL)) THEN r.model
             WHEN (r.route = 0) THEN ( SELECT sc.model
                FROM public.schedules sc
               WHERE (sc.id = r.schedule_id))
