@@ -238,7 +238,7 @@ WITH input AS (
         throttles = r.throttles + CASE WHEN i.throttled THEN 1 ELSE 0 END,
         route = coalesce(i.next_route, r.route),
         provider = coalesce(i.next_provider, r.provider),
-        -- a success records the model it used (0024_attempt_model.sql)
+        -- a success records the model it used (0025_attempt_model.sql)
         model = CASE WHEN i.status = 'succeeded' THEN coalesce(i.model, r.model)
                      WHEN i.next_route IS NULL THEN r.model ELSE i.next_model END
     FROM input i
