@@ -17,7 +17,7 @@ from promptsched import config as configuration
 from promptsched.clock import Clock, FrozenClock
 from promptsched.executors.settings import parse_providers
 from promptsched.metrics import Metrics
-from promptsched.ops import fleet
+from promptsched.ops import fleet, status
 from promptsched.roles.presence import Presence
 from promptsched.store import queries
 from promptsched.tools.base import Catalog
@@ -208,3 +208,33 @@ async def test_the_api_warns_about_emails_no_replica_sends_and_costs_no_price_kn
         shop = {**body, "name": "again", "provider": "shopcheck"}
         again = await api.post("/v1/schedules", alice, json=shop)
         assert again.status == 201 and "warnings" not in again.body, again.body
+
+
+async def test_status_shows_each_providers_breaker_ramp_and_pacing_as_the_claim_meets_them(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    clock = FrozenClock(NOW)
+    limited = {**BASE_ENV, "PROMPTSCHED_PROVIDER_SHOPCHECK_MAX_CONCURRENCY": "8"}
+    await _presence(pool, clock, "a", _published(limited)).run_once()
+    found = (await status.gather(pool, clock))["providers"]
+    shop = next(p for p in found if p["name"] == "shopcheck")
+    assert (shop["breaker"], shop["allowed_concurrency"], shop["admitted_now"]) == ("closed", 8, 8)
+    # The breaker opened a minute ago for two more; after it, the concurrency ramps from 3.
+    await pool.execute(
+        "INSERT INTO provider_buckets (provider, open_until, failures, opened_at, ramp, "
+        "paced_until) VALUES ('shopcheck', $1, 5, $2, 3.5, $3)",
+        NOW + timedelta(minutes=2), NOW - timedelta(minutes=1), NOW + timedelta(seconds=30),
+    )  # fmt: skip
+    shop = next(
+        p for p in (await status.gather(pool, clock))["providers"] if p["name"] == "shopcheck"
+    )
+    assert (shop["breaker"], shop["open_for_seconds"], shop["failures"]) == ("open", 120.0, 5)
+    assert (shop["allowed_concurrency"], shop["admitted_now"]) == (3, 0)
+    assert shop["paced_for_seconds"] == 30.0
+    clock.advance(timedelta(minutes=3))  # past open_until: one probe at a time
+    shop = next(
+        p for p in (await status.gather(pool, clock))["providers"] if p["name"] == "shopcheck"
+    )
+    assert (shop["breaker"], shop["admitted_now"]) == ("half_open", 1)
+    echo = next(p for p in found if p["name"] == "echo")
+    assert echo["fleet_wide"] is False and echo["breaker"] == "closed"

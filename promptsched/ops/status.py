@@ -102,7 +102,8 @@ def _provider(
         "breaker": _breaker(room),
         "open_for_seconds": round(room.get("open_for") or 0.0, 1) if room is not None else 0.0,
         # After the breaker opened, the concurrency the fleet allows ramps back (floor(ramp)).
-        "allowed_concurrency": int(ramp) if ramp is not None else limits.get("max_concurrency"),
+        "allowed_concurrency": _allowed(limits.get("max_concurrency"), ramp),
+        "failures": room["failures"] if room is not None else None,
         "rate_tokens": _round(room.get("tokens")) if room is not None else None,
         "llm_tokens": _round(room.get("llm_tokens")) if room is not None else None,
         "paced_for_seconds": _round(room.get("paced_for")) if room is not None else None,
@@ -111,6 +112,12 @@ def _provider(
         "scheduled": pending["scheduled"] if pending is not None else 0,
         "oldest_ready_seconds": round(pending["oldest_ready"], 1) if pending is not None else 0.0,
     }
+
+
+def _allowed(limit: int | None, ramp: float | None) -> int | None:
+    if limit is None or ramp is None:
+        return limit
+    return max(0, min(limit, int(ramp)))
 
 
 def _round(value: float | None) -> float | None:

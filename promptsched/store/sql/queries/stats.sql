@@ -72,9 +72,11 @@ GROUP BY s.provider;
 -- name: stats_provider_room
 -- How many of the ready runs (`want`) of each provider with fleet-wide limits the next claim
 -- would be allowed: provider_admit, the claim's own admission (run_claim_limited), with its
--- running runs, rate and LLM-token buckets and breaker. It takes each provider's advisory lock
--- for this statement only (a claimer waits a moment) and writes nothing.
-SELECT l.provider, a.allowed, a.running, a.tokens, a.open_for, a.half_open, a.llm_tokens
+-- running runs, rate and LLM-token buckets, breaker, concurrency ramp and header pacing
+-- (`promptsched status` shows them all). It takes each provider's advisory lock for this
+-- statement only (a claimer waits a moment) and writes nothing.
+SELECT l.provider, a.allowed, a.running, a.tokens, a.open_for, a.half_open, a.llm_tokens,
+       a.failures, a.paced_for, a.ramp
 FROM unnest($2::text[], $3::int[], $4::int[], $5::float8[], $6::float8[], $7::float8[])
          AS l(provider, want, max_concurrency, rate, burst, tokens_per_minute)
 CROSS JOIN LATERAL provider_admit(l.provider, l.want, l.max_concurrency, l.rate, l.burst,
