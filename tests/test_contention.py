@@ -70,7 +70,11 @@ async def test_a_serial_run_waiting_for_its_predecessor_is_not_contention(
     got = await queries.run_claim_batch(pool, None, "echo", 4, "w", LEASE)
     assert (list(got), got.claimable, got.contended) == ([], 0, 0)
     # But the predecessor, locked by another claimer as it is taken, is contention for both.
-    await pool.execute("UPDATE runs SET status = 'pending', attempt_id = NULL WHERE id = $1", first)
+    await pool.execute(
+        "UPDATE runs SET status = 'pending', attempt_id = NULL, lease_expires_at = NULL "
+        "WHERE id = $1",
+        first,
+    )
     async with _held(pool, "runs", [first]):
         got = await queries.run_claim_batch(pool, None, "echo", 4, "w", LEASE)
         assert (list(got), got.claimable, got.contended) == ([], 1, 1)

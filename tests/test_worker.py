@@ -159,6 +159,36 @@ async def test_the_reaper_requeues_an_expired_lease_and_marks_the_attempt_lost(
     assert metrics.leases_reaped.labels("dead")._value.get() == 1
 
 
+async def test_a_lease_renewed_past_the_deadline_ends_one_lease_after_it(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """The reaper's backstop for a worker that does not stop an attempt at its timeout: its
+    heartbeats renew the lease only up to the deadline plus one lease, the reaper (which reads
+    leases only) then takes the run back, and says it timed out rather than that it was lost."""
+    clock = FrozenClock(EPOCH)
+    lease = timedelta(seconds=30)
+    rid = await factories.pending_run(
+        pool, await factories.schedule(pool, timeout=timedelta(seconds=60))
+    )
+    [claimed] = await queries.run_claim_batch(pool, clock.sql_now(), "echo", 1, "w", lease)
+    reaper = Reaper(pool, clock, Metrics(), ReaperSettings(deadline_grace=lease))
+    for _ in range(4):  # still renewing at +80 s, 20 s past the deadline
+        clock.advance(timedelta(seconds=20))
+        assert sum((await reaper.run_once()).values()) == 0
+        renewed = await queries.run_heartbeat_many(
+            pool, clock.sql_now(), [rid], [claimed.attempt_id], lease
+        )
+        assert [row["id"] for row in renewed] == [rid]
+    run = await run_row(pool, rid)
+    assert run["lease_expires_at"] == run["deadline_at"] + lease == EPOCH + timedelta(seconds=90)
+    clock.advance(timedelta(seconds=11))
+    assert (await reaper.run_once())["pending"] == 1
+    run = await run_row(pool, rid)
+    assert run["status"] == "pending"
+    assert run["error"] == "timed out: the worker did not stop the attempt"
+    assert [row["error"] for row in await factories.attempt_rows(pool, rid)] == ["deadline passed"]
+
+
 async def test_serial_runs_of_one_schedule_start_one_at_a_time(pool: asyncpg.Pool[Any]) -> None:
     clock = FrozenClock(EPOCH)
     sid = await factories.schedule(pool, overlap="buffer_all")

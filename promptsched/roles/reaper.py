@@ -75,9 +75,7 @@ class Reaper:
 
     async def _tick(self) -> float:
         await self.run_once()
-        ahead = await queries.run_seconds_until_lease_expiry(
-            self.pool, self.clock.sql_now(), self.deadline_grace
-        )
+        ahead = await queries.run_seconds_until_lease_expiry(self.pool, self.clock.sql_now())
         cap = self.max_sleep.total_seconds()
         # Wake just after the earliest expiry; a renewed lease only means a harmless early look.
         return cap if ahead is None else max(0.01, min(cap, ahead + 0.01))

@@ -689,12 +689,8 @@ async def run_attempts_list(db: DB, run_id: int) -> list[Record]:
     return await db.fetch(_Q["run_attempts_list"], run_id)
 
 
-async def run_seconds_until_lease_expiry(
-    db: DB, now: datetime | None, deadline_grace: timedelta
-) -> float | None:
-    value: float | None = await db.fetchval(
-        _Q["run_seconds_until_lease_expiry"], now, deadline_grace
-    )
+async def run_seconds_until_lease_expiry(db: DB, now: datetime | None) -> float | None:
+    value: float | None = await db.fetchval(_Q["run_seconds_until_lease_expiry"], now)
     return value
 
 

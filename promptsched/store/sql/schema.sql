@@ -314,8 +314,7 @@ DECLARE
     now_ timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || p_provider, 0));
-    SELECT count(*)::integer INTO running FROM runs r
-    WHERE r.status = 'running' AND r.provider = p_provider;
+    running := provider_running_count(p_provider);
     SELECT * INTO b FROM provider_buckets pb WHERE pb.provider = p_provider;
     failures := coalesce(b.failures, 0);
     open_for := greatest(0.0, coalesce(extract(epoch FROM b.open_until - now_), 0.0));
@@ -354,6 +353,19 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+CREATE FUNCTION public.provider_running_add(p_provider text, p_worker text, p_side text, p_runs bigint) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO provider_running AS c (provider, shard, side, runs)
+    VALUES (p_provider, hashtext(coalesce(p_worker, '')) & 15, p_side, p_runs)
+    ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs
+$$;
+CREATE FUNCTION public.provider_running_count(p_provider text) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(CASE WHEN side = 'started' THEN runs ELSE -runs END), 0)::integer
+    FROM provider_running WHERE provider = p_provider
+$$;
 CREATE FUNCTION public.run_claimable_count(p_provider text, p_now timestamp with time zone, p_limit integer) RETURNS integer
     LANGUAGE plpgsql STABLE
     AS $$
@@ -384,6 +396,49 @@ BEGIN
         ANALYZE (SKIP_LOCKED) runs;
     END IF;
     RETURN known;
+END
+$$;
+CREATE FUNCTION public.runs_count_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    -- In key order, so that two statements never wait on each other's counter rows crosswise.
+    INSERT INTO provider_running AS c (provider, shard, side, runs)
+    SELECT t.provider, t.shard, t.side, count(*)
+    FROM (
+        SELECT n.provider, hashtext(coalesce(n.worker_id, '')) & 15 AS shard,
+               'started' AS side
+        FROM new_runs n JOIN old_runs o ON o.id = n.id
+        WHERE n.status = 'running' AND o.status <> 'running'
+        UNION ALL
+        SELECT o.provider, hashtext(coalesce(o.worker_id, '')) & 15, 'ended'
+        FROM old_runs o JOIN new_runs n ON n.id = o.id
+        WHERE o.status = 'running' AND n.status <> 'running'
+    ) AS t
+    GROUP BY t.provider, t.side, t.shard
+    ORDER BY t.provider, t.side, t.shard
+    ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.runs_count_row() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM provider_running_add(NEW.provider, NEW.worker_id, 'started', 1);
+    ELSE
+        PERFORM provider_running_add(OLD.provider, OLD.worker_id, 'ended', 1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION public.runs_count_truncated() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM provider_running;
+    RETURN NULL;
 END
 $$;
 CREATE TABLE public.api_tokens (
@@ -650,6 +705,13 @@ CREATE TABLE public.provider_buckets (
     paced_until timestamp with time zone,
     pace_reason text
 );
+CREATE TABLE public.provider_running (
+    provider text NOT NULL,
+    shard integer NOT NULL,
+    side text NOT NULL,
+    runs bigint NOT NULL,
+    CONSTRAINT provider_running_side_check CHECK ((side = ANY (ARRAY['started'::text, 'ended'::text])))
+);
 CREATE TABLE public.replicas (
     id text NOT NULL,
     host text NOT NULL,
@@ -698,6 +760,7 @@ CREATE TABLE public.runs (
     throttles integer DEFAULT 0 NOT NULL,
     route smallint DEFAULT 0 NOT NULL,
     model text,
+    CONSTRAINT runs_lease_only_while_running CHECK (((lease_expires_at IS NULL) OR (status = 'running'::text))),
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_skipped_has_reason CHECK (((status <> 'skipped'::text) OR (skip_reason IS NOT NULL))),
@@ -813,6 +876,8 @@ ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.provider_buckets
     ADD CONSTRAINT provider_buckets_pkey PRIMARY KEY (provider);
+ALTER TABLE ONLY public.provider_running
+    ADD CONSTRAINT provider_running_pkey PRIMARY KEY (provider, side, shard);
 ALTER TABLE ONLY public.replicas
     ADD CONSTRAINT replicas_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.runs
@@ -836,7 +901,7 @@ CREATE UNIQUE INDEX runs_backfill_slot_key ON public.runs USING btree (schedule_
 CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_id, slot) WHERE (origin = 'cadence'::text);
 CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
-CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
 CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
 CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
@@ -845,6 +910,10 @@ CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btre
 CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE (enabled AND (next_fire_at IS NOT NULL));
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
+CREATE TRIGGER runs_count_delete AFTER DELETE ON public.runs FOR EACH ROW WHEN ((old.status = 'running'::text)) EXECUTE FUNCTION public.runs_count_row();
+CREATE TRIGGER runs_count_insert AFTER INSERT ON public.runs FOR EACH ROW WHEN ((new.status = 'running'::text)) EXECUTE FUNCTION public.runs_count_row();
+CREATE TRIGGER runs_count_truncate AFTER TRUNCATE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.runs_count_truncated();
+CREATE TRIGGER runs_count_update AFTER UPDATE ON public.runs REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION public.runs_count_changed();
 ALTER TABLE ONLY public.attempt_steps
     ADD CONSTRAINT attempt_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.console_sessions

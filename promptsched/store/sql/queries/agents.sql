@@ -4,10 +4,13 @@
 -- attempt is no longer the run's running one (finished, or lost to the reaper) nothing is
 -- appended and nothing is published. FOR SHARE makes a finish or a reap that is under way
 -- finish first, and the guard is then read again on the row it left. NOTIFY from an
--- autocommit statement is delivered at once.
+-- autocommit statement is delivered at once. The guard is one condition on the row, so
+-- the run is read by its primary key whatever the statistics say (run_finish_many).
 WITH live AS (
     SELECT id FROM runs
-    WHERE id = $5 AND attempt_id = $2 AND status = 'running'
+    WHERE id = $5
+      AND CASE WHEN status = 'running' THEN attempt_id END IS NOT DISTINCT FROM $2::uuid
+      AND $2::uuid IS NOT NULL
     FOR SHARE
 ), appended AS (
     INSERT INTO attempt_steps (run_id, attempt_id, entry)

@@ -171,11 +171,18 @@ LEFT JOIN claimed c ON true;
 -- us (reaped, released or finished by another attempt): the caller fences that attempt.
 -- A renewal does not wait for its WAL flush: one lost to a database crash only lets the
 -- lease end sooner, which is what a lease is for.
+-- A lease is never renewed past the attempt's deadline plus one lease: a worker that does
+-- not stop an attempt at its timeout loses it then, and the reaper, which reads leases
+-- only (run_reap_expired), takes the run back.
+-- Each run is reached by its primary key, whatever the statistics say: see run_finish_many
+-- for why the guard is written as one condition on the run and its input row together.
 WITH renewed AS (
     UPDATE runs r
-    SET lease_expires_at = coalesce($1::timestamptz, now()) + $4::interval
+    SET lease_expires_at = least(coalesce($1::timestamptz, now()), r.deadline_at)
+                           + $4::interval
     FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
-    WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
+    WHERE r.id = ANY (ARRAY[h.id]) AND h.attempt_id IS NOT NULL
+      AND CASE WHEN r.status = 'running' THEN r.attempt_id END IS NOT DISTINCT FROM h.attempt_id
     RETURNING r.id, r.cancel_requested
 )
 SELECT renewed.* FROM renewed
@@ -201,6 +208,7 @@ WITH input AS (
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
               attempt_status, notice, followup, output_json, decision, watch,
               provider, model, throttled, wait, next_route, next_provider, next_model)
+    WHERE attempt_id IS NOT NULL
 ), decided AS MATERIALIZED (
     -- A `changed` monitor's success is decided against its schedule's memory before its
     -- update (monitor_decide, 0021_monitor_decide.sql; it locks the rows it decides for, so
@@ -243,7 +251,15 @@ WITH input AS (
                      WHEN i.next_route IS NULL THEN r.model ELSE i.next_model END
     FROM input i
     LEFT JOIN decided d ON d.id = i.id
-    WHERE r.id = i.id AND r.attempt_id = i.attempt_id AND r.status = 'running'
+    -- Each input row reaches its run by primary key and by nothing else, whatever the
+    -- statistics say, so the statement costs what its batch does however many runs are in
+    -- flight (docs/performance.md, "Plans that stay right"). `= ANY (ARRAY[i.id])` can drive
+    -- no hash or merge join, and the fencing guard (the run still runs this very attempt) is
+    -- one condition on the run and its input row together: written as `status = 'running'
+    -- AND attempt_id = i.attempt_id`, statistics taken while few runs were running (right
+    -- after a rush) made a scan of every running run, once per batch row, look cheaper.
+    WHERE r.id = ANY (ARRAY[i.id])
+      AND CASE WHEN r.status = 'running' THEN r.attempt_id END IS NOT DISTINCT FROM i.attempt_id
     RETURNING r.id, r.schedule_id, r.status, r.attempts, r.attempt_started_at, i.attempt_id,
               i.attempt_status, i.error, i.usage, i.notice, i.followup, r.notify_decision,
               i.provider, i.model, i.throttled, i.wait
@@ -296,7 +312,9 @@ WITH released AS (
     SET status = 'pending', attempt_id = NULL, lease_expires_at = NULL, worker_id = NULL,
         available_at = coalesce($1::timestamptz, now()), releases = r.releases + 1
     FROM unnest($2::bigint[], $3::uuid[]) AS h(id, attempt_id)
-    WHERE r.id = h.id AND r.attempt_id = h.attempt_id AND r.status = 'running'
+    -- By primary key whatever the statistics say (run_finish_many).
+    WHERE r.id = ANY (ARRAY[h.id]) AND h.attempt_id IS NOT NULL
+      AND CASE WHEN r.status = 'running' THEN r.attempt_id END IS NOT DISTINCT FROM h.attempt_id
     RETURNING r.id, h.attempt_id, r.attempts, r.attempt_started_at, r.provider
 ), attempts AS (
     INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at,
@@ -308,16 +326,21 @@ WITH released AS (
 SELECT count(*)::int FROM released;
 
 -- name: run_reap_expired
--- Runs whose lease expired (the worker died or froze) or whose deadline passed long ago (a
--- backstop for the worker's own timeout) go back to pending, or to dead when their attempts
--- are used up. The lost attempt is written to its own row, as lost.
+-- Runs whose lease expired go back to pending, or to dead when their attempts are used up.
+-- The lost attempt is written to its own row, as lost. A lease expires when its worker died
+-- or froze, or, as a backstop for the worker's own timeout, one lease after the attempt's
+-- deadline: renewals stop there (run_heartbeat_many). So expired leases are all there is
+-- to read, in runs_lease_idx order from the oldest: the reap costs what it takes back,
+-- however many runs are in flight. `lease_lost` tells the two apart: a lease that ended
+-- before the deadline plus the grace $3 (the lease the workers renew, PROMPTSCHED_LEASE)
+-- was its worker's; one that reached it was cut short by the deadline.
 WITH expired AS (
     SELECT id, attempt_id, worker_id, attempts, attempt_started_at,
-           lease_expires_at < coalesce($1::timestamptz, now()) AS lease_lost
+           coalesce(lease_expires_at < deadline_at + $3::interval, true) AS lease_lost
     FROM runs
-    WHERE status = 'running'
-      AND (lease_expires_at < coalesce($1::timestamptz, now())
-           OR deadline_at + $3::interval < coalesce($1::timestamptz, now()))
+    -- A lease is held only while the run runs (0026_lease_means_running.sql): this reads
+    -- runs_lease_idx and nothing else.
+    WHERE lease_expires_at IS NOT NULL AND lease_expires_at < coalesce($1::timestamptz, now())
     ORDER BY lease_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -372,9 +395,16 @@ SELECT id, schedule_id, status, provider, attempt_id, worker_id, lease_lost,
 FROM reaped;
 
 -- name: run_seconds_until_available
-SELECT extract(epoch FROM (min(available_at) - coalesce($1::timestamptz, now())))::float8
-FROM runs
-WHERE status = 'pending' AND provider = ANY($2::text[]);
+-- The earliest pending run of any of the providers $2: the first runs_claim_idx entry of
+-- each, one probe per provider (a min() over `provider = ANY` read every pending run).
+SELECT extract(epoch FROM (min(first.available_at) - coalesce($1::timestamptz, now())))::float8
+FROM unnest($2::text[]) AS p(provider)
+CROSS JOIN LATERAL (
+    SELECT r.available_at FROM runs r
+    WHERE r.status = 'pending' AND r.provider = p.provider
+    ORDER BY r.available_at
+    LIMIT 1
+) AS first;
 
 -- name: run_notify_ready
 SELECT pg_notify('promptsched_runs', $1::text);
@@ -406,10 +436,15 @@ WHERE r.id = $1 AND ($2::text IS NULL OR s.owner = $2);
 SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number;
 
 -- name: run_seconds_until_lease_expiry
-SELECT extract(epoch FROM (min(least(lease_expires_at, deadline_at + $2::interval))
-                           - coalesce($1::timestamptz, now())))::float8
+-- The first entry of runs_lease_idx: a lease never outlives its deadline plus one lease
+-- (run_heartbeat_many), so the earliest lease is the reaper's next look. No row when nothing
+-- runs. ORDER BY and LIMIT rather than min(): with few running runs expected (statistics
+-- taken before a burst), min() was planned as a read of every lease.
+SELECT extract(epoch FROM (lease_expires_at - coalesce($1::timestamptz, now())))::float8
 FROM runs
-WHERE status = 'running';
+WHERE lease_expires_at IS NOT NULL
+ORDER BY lease_expires_at
+LIMIT 1;
 
 -- name: run_insert_manual
 -- Trigger now: a run outside the cadence, marked manual, so it never collides with a slot.

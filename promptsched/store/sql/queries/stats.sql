@@ -22,15 +22,18 @@ RETURNING term;
 DELETE FROM leaders WHERE name = $1 AND holder = $2;
 
 -- name: stats_queue_depth
--- Running runs, and those whose lease or deadline has passed, through runs_lease_idx:
--- finished history, however large, is never scanned. Pending runs are stats_pending_runs.
+-- Running runs, and those whose lease or deadline has passed, through runs_lease_idx (a run
+-- holds a lease exactly while it runs, 0026_lease_means_running.sql): finished history,
+-- however large, is never scanned. Pending runs are stats_pending_runs.
 SELECT
-    (SELECT count(*) FROM runs WHERE status = 'running')::bigint AS running,
+    (SELECT count(*) FROM runs WHERE lease_expires_at IS NOT NULL)::bigint AS running,
     (SELECT count(*) FROM runs
-     WHERE status = 'running' AND lease_expires_at < coalesce($1::timestamptz, now()))::bigint
+     WHERE lease_expires_at IS NOT NULL
+       AND lease_expires_at < coalesce($1::timestamptz, now()))::bigint
         AS lease_expired,
     (SELECT count(*) FROM runs
-     WHERE status = 'running' AND deadline_at < coalesce($1::timestamptz, now()))::bigint
+     WHERE lease_expires_at IS NOT NULL
+       AND deadline_at < coalesce($1::timestamptz, now()))::bigint
         AS deadline_passed;
 
 -- name: stats_pending_runs
