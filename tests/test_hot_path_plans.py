@@ -10,6 +10,7 @@ make any statement read more."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -99,6 +100,12 @@ def _statements(ids: list[int], attempts: list[Any]) -> dict[str, Statement]:
         queries.Finish(run_id, attempt, RunStatus.SUCCEEDED, "succeeded", output="ok")
         for run_id, attempt in zip(ids, attempts, strict=True)
     ]
+    # The same finishes for a `changed` monitor: each is decided against its schedule's memory
+    # in the finish itself (monitor_decide).
+    watched = [
+        dataclasses.replace(f, watch={"fingerprint": f"fp{n}", "what": "output"})
+        for n, f in enumerate(finishes)
+    ]
 
     async def tick(conn: asyncpg.Connection[Any]) -> object:
         batch = await queries.schedule_take_due(conn, EPOCH, 50)
@@ -124,6 +131,7 @@ def _statements(ids: list[int], attempts: list[Any]) -> dict[str, Statement]:
         ),
         "run_heartbeat_many": lambda c: queries.run_heartbeat_many(c, EPOCH, ids, attempts, LEASE),
         "run_finish_many": lambda c: queries.run_finish_many(c, EPOCH, finishes, "w"),
+        "run_finish_many (changed)": lambda c: queries.run_finish_many(c, EPOCH, watched, "w"),
         "run_release_many": lambda c: queries.run_release_many(c, EPOCH, ids, attempts, "w"),
         "run_reap_expired": lambda c: queries.run_reap_expired(c, EPOCH, 100, LEASE),
         "run_seconds_until_lease_expiry": lambda c: queries.run_seconds_until_lease_expiry(
@@ -194,6 +202,7 @@ async def test_no_hot_path_statement_reads_more_with_more_runs_in_flight(
     for mode in PLANS:
         assert len(first["run_claim_batch", mode][1]) == 64  # type: ignore[arg-type]
         assert len(first["run_finish_many", mode][1]) == BATCH  # type: ignore[arg-type]
+        assert len(first["run_finish_many (changed)", mode][1]) == BATCH  # type: ignore[arg-type]
         assert len(first["run_heartbeat_many", mode][1]) == BATCH  # type: ignore[arg-type]
         assert first["run_release_many", mode][1] == BATCH
         assert first["run_reap_expired", mode][1] == []

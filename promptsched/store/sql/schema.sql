@@ -199,7 +199,11 @@ BEGIN
     FOR item IN
         SELECT u.run_id, r.schedule_id, u.watch
         FROM unnest(run_ids, attempt_ids, watches) AS u (run_id, attempt_id, watch)
-        JOIN runs r ON r.id = u.run_id AND r.attempt_id = u.attempt_id AND r.status = 'running'
+        JOIN runs r
+          ON r.id = ANY (ARRAY[u.run_id])
+         AND CASE WHEN r.status = 'running' THEN r.attempt_id END
+             IS NOT DISTINCT FROM u.attempt_id
+        WHERE u.attempt_id IS NOT NULL
         ORDER BY r.schedule_id, u.run_id
         FOR UPDATE OF r
     LOOP
