@@ -104,7 +104,12 @@ async def test_a_followups_check_sees_its_previous_checks_output(pool: asyncpg.P
     body = {"key": "order-9", "in": "1m", "prompt": prompt, "vars": {"order": 9}, "max_checks": 2}
     async with api_support.client(pool, clock=FrozenClock(t0)) as api:
         who = await api.token("shop")
-        assert (await api.post("/v1/followups", who, json=body)).status == 201
+        placed = await api.post("/v1/followups", who, json=body)
+        assert placed.status == 201, placed.body
+        # Its schedule is a monitor too: each check's answer compared with the last told.
+        sid = await pool.fetchval("SELECT schedule_id FROM followups")
+        edited = await api.patch(f"/v1/schedules/{sid}", who, json={"notify_when": "changed"})
+        assert edited.status == 200, edited.body
     due = t0 + timedelta(minutes=1)
     assert (await Scheduler(pool, FrozenClock(due), Metrics()).run_once()).enqueued == 1
     assert await factories.worker_pool(pool, FrozenClock(due)).run_once() == 1
@@ -116,3 +121,7 @@ async def test_a_followups_check_sees_its_previous_checks_output(pool: asyncpg.P
     assert second["output"].startswith(
         f"echo: Order 9: before {due.isoformat()}: [{first['output']}]\n"
     )
+    decisions = [r["notify_decision"]["reason"] for r in await pool.fetch(
+        "SELECT notify_decision FROM runs ORDER BY id")]  # fmt: skip
+    assert decisions[0] == "first output: nothing to compare with"
+    assert decisions[1].startswith("output changed since run")  # it quotes the first
