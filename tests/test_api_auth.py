@@ -42,7 +42,7 @@ async def test_every_protected_route_needs_a_valid_token(
     await api.token("alice")
     before = await api_support.snapshot(pool)
     for method, path in _protected():
-        concrete = path.replace("{id}", "1").replace("{key}", "k1")
+        concrete = path.replace("{id}", "1").replace("{other}", "1").replace("{key}", "k1")
         reply = await api.request(method, concrete, header, data=b"{nonsense")
         assert reply.status == 401, (method, path, reply.body)
         assert reply.headers["WWW-Authenticate"].startswith("Bearer")
@@ -90,6 +90,7 @@ async def world(api: Api, pool: asyncpg.Pool[Any]) -> World:
         "/v1/schedules", alice, json={**SCHEDULE, "max_attempts": 1, "params": {"fail_attempts": 5}}
     )
     dead = (await api.post(f"/v1/schedules/{failing.body['id']}/trigger", alice)).body["id"]
+    done = (await api.post(f"/v1/schedules/{schedule}/trigger", alice)).body["id"]
     await factories.worker_pool(pool, Clock()).run_once()
     run = (await api.post(f"/v1/schedules/{schedule}/trigger", alice)).body["id"]
     await api.post("/v1/schedules", bob, json={**SCHEDULE, "name": "bob's"})
@@ -99,7 +100,8 @@ async def world(api: Api, pool: asyncpg.Pool[Any]) -> World:
         "'dead', 'k' FROM runs WHERE id = $1 RETURNING id",
         dead,
     )
-    ids = {"schedule": schedule, "run": run, "dead": dead, "notification": notification}
+    ids = {"schedule": schedule, "run": run, "dead": dead, "notification": notification,
+           "done": done}  # fmt: skip
     return World(alice, bob, root, ids)
 
 
@@ -120,6 +122,7 @@ MATRIX = [
     ("POST", "/v1/runs/{id}/cancel", "run", None, 200),
     ("POST", "/v1/runs/{id}/replay", "dead", None, 201),
     ("GET", "/v1/runs/{id}/events", "dead", None, 200),  # a final run: the stream ends
+    ("GET", "/v1/runs/{id}/diff/{other}", "done", None, 200),  # compared with itself
     ("POST", "/v1/notifications/{id}/replay", "notification", None, 200),
 ]
 
@@ -143,6 +146,7 @@ async def test_isolation(
     status: int,
 ) -> None:
     path = template.replace("{id}", str(world.ids[resource]))
+    path = path.replace("{other}", str(world.ids[resource]))
     if template.endswith("explain"):
         path += f"?at={PAST}"
     before = await api_support.snapshot(pool)
