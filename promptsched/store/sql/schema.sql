@@ -406,21 +406,24 @@ CREATE FUNCTION public.runs_count_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- In key order, so that two statements never wait on each other's counter rows crosswise.
+    -- Per provider and shard, the rows running after the statement less those running
+    -- before it: a renewal nets to nothing and writes nothing. Two aggregates, no join of the
+    -- transition tables: Postgres knows nothing of their sizes, and a join of them was
+    -- planned as a nested loop (2,000 rows each: 590 ms). Counter rows are written in key
+    -- order, so that two statements never wait on each other's rows crosswise.
     INSERT INTO provider_running AS c (provider, shard, side, runs)
-    SELECT t.provider, t.shard, t.side, count(*)
+    SELECT t.provider, t.shard, CASE WHEN sum(t.runs) > 0 THEN 'started' ELSE 'ended' END,
+           abs(sum(t.runs))
     FROM (
-        SELECT n.provider, hashtext(coalesce(n.worker_id, '')) & 15 AS shard,
-               'started' AS side
-        FROM new_runs n JOIN old_runs o ON o.id = n.id
-        WHERE n.status = 'running' AND o.status <> 'running'
+        SELECT n.provider, hashtext(coalesce(n.worker_id, '')) & 15 AS shard, 1 AS runs
+        FROM new_runs n WHERE n.status = 'running'
         UNION ALL
-        SELECT o.provider, hashtext(coalesce(o.worker_id, '')) & 15, 'ended'
-        FROM old_runs o JOIN new_runs n ON n.id = o.id
-        WHERE o.status = 'running' AND n.status <> 'running'
+        SELECT o.provider, hashtext(coalesce(o.worker_id, '')) & 15, -1
+        FROM old_runs o WHERE o.status = 'running'
     ) AS t
-    GROUP BY t.provider, t.side, t.shard
-    ORDER BY t.provider, t.side, t.shard
+    GROUP BY t.provider, t.shard
+    HAVING sum(t.runs) <> 0
+    ORDER BY t.provider, 3, t.shard
     ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs;
     RETURN NULL;
 END
