@@ -18,7 +18,7 @@ from promptsched.config import SchedulerSettings
 from promptsched.metrics import Metrics
 from promptsched.roles.scheduler import ANALYZE_AFTER, Scheduler
 from promptsched.store import pool as pools
-from promptsched.store import queries
+from promptsched.store import queries, sqlfiles
 
 T0 = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
 
@@ -185,3 +185,23 @@ async def test_a_claim_takes_and_locks_what_it_asked_for_not_its_size_class(
     assert len(claim) == want
     assert free == 100 - want  # the other session still sees the claimed ones as pending
     assert running == want
+
+
+async def test_a_batch_runs_without_jit(pool: asyncpg.Pool[Any]) -> None:
+    """The take's disabled sort costs 10^10 to the planner, past every JIT threshold: on a
+    Postgres built with LLVM each take was compiled (0.5-1.8 s of CPU). The batch turns JIT off
+    for its own transaction only."""
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await queries.schedule_plan_fresh(conn)
+            plan = "\n".join(
+                row[0]
+                for row in await conn.fetch(
+                    "EXPLAIN " + sqlfiles.queries()["schedule_take_due"], T0, 10, 0
+                )
+            )
+            assert await conn.fetchval("SELECT current_setting('jit')") == "off"
+            await queries.schedule_plan_cached(conn)
+            assert await conn.fetchval("SELECT current_setting('jit')") == "off"
+        assert "10000000" in plan  # the disabled sort's cost that would have tipped JIT
+        assert await conn.fetchval("SELECT current_setting('jit')") == "on"  # the session's own
