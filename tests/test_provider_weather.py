@@ -164,10 +164,13 @@ async def test_a_burst_against_a_key_limit_ends_with_no_dead_run(
     statuses = live_proxy.statuses()[before:]
     rejected = statuses.count(429)
     assert statuses.count(200) == 30 and rejected == len(throttled)
-    # 30 requests need 10 windows: after the first 429, about two more per window (the
-    # ramp's second round meets the exhausted window) are the price of not knowing the limit.
-    assert rejected - 1 <= 30, statuses
-    print(f"429s after the first: {rejected - 1} over {len(statuses)} answers")
+    # The fleet learns the allowance (3 per window) at the probe and paces to it
+    # (docs/providers.md, "Learning the rate"): after the first 429, the rest of the first
+    # burst (8 sent at once, 3 allowed: 4 more) and one per doubling of the allowance, every
+    # three clean windows and the throttle's own, over the ~20 s the runs take (3). Measured:
+    # 6; the ramp alone met 26.
+    assert rejected - 1 <= 4 + 3, statuses
+    print(f"429s after the first: {rejected - 1} over {len(statuses)} answers: {statuses}")
 
 
 async def test_a_per_minute_limit_without_retry_after_kills_nothing(

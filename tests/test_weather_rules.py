@@ -163,7 +163,7 @@ async def _trip(pool: asyncpg.Pool[Any], at: datetime, started: datetime, **kw: 
     args: dict[str, Any] = dict(
         started=started, throttled=True, threshold=worker_fleet.BREAKER_FAILURES,
         base=worker_fleet.BREAKER_BASE, throttle_base=worker_fleet.THROTTLE_OPEN,
-        cap=worker_fleet.BREAKER_MAX,
+        cap=worker_fleet.BREAKER_MAX, window=worker_fleet.THROTTLE_WINDOW,
     )  # fmt: skip
     args.update(kw)
     wait = args.pop("wait", None)

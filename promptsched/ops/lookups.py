@@ -126,7 +126,9 @@ async def provider_weather(db: DB, clock: Clock) -> list[dict[str, Any]]:
     provider pushes back"): ``breaker`` (closed, half_open, open) with ``open_until``,
     ``reason`` and ``opened_at``; ``allowed_concurrency`` while it ramps back after an
     opening (None: its configured max_concurrency); ``paced_until`` and ``pace_header`` while
-    its own rate-limit headers hold every replica back. For the console and ``status``."""
+    its own rate-limit headers hold every replica back; ``learned_allowance`` requests per
+    ``learned_window`` seconds, the rate it learned from a throttling window (None: none).
+    For the console and ``status``."""
     found = []
     for row in await queries.provider_weather(db, clock.sql_now()):
         found.append({
@@ -139,6 +141,8 @@ async def provider_weather(db: DB, clock: Clock) -> list[dict[str, Any]]:
             "allowed_concurrency": None if row["ramp"] is None else int(row["ramp"] + 1e-6),
             "paced_until": row["paced_until"] if row["paced"] else None,
             "pace_header": row["pace_reason"] if row["paced"] else None,
+            "learned_allowance": row["allowance"],
+            "learned_window": row["window_seconds"] if row["allowance"] is not None else None,
         })  # fmt: skip
     return found
 

@@ -460,6 +460,8 @@ class ProviderRoom:
     llm_tokens: float | None = None  # its LLM-token bucket now (None: no tokens-per-minute)
     paced_for: float = 0.0  # seconds its own rate-limit headers said nothing is left
     ramp: float | None = None  # its allowed concurrency while it ramps back (None: the limit)
+    rate: float | None = None  # requests a second its rate bucket refills (None: no rate)
+    rate_tokens: float | None = None  # whole requests its rate bucket held before the claim
 
 
 class LimitedClaim(Claim):
@@ -490,7 +492,8 @@ async def run_claim_limited(
     first = found[0]
     room = ProviderRoom(
         first["allowed"], first["provider_running"], first["open_for"], first["half_open"],
-        first["failures"], first["llm_tokens"], first["paced_for"], first["ramp"],
+        first["failures"], first["llm_tokens"], first["paced_for"], first["ramp"], first["rate"],
+        first["rate_tokens"],
     )  # fmt: skip
     rows = [_claimed_run(row) for row in found if row["id"] is not None]
     return LimitedClaim(rows, first["claimable"], room)
@@ -516,22 +519,30 @@ async def provider_trip(
     base: float,
     throttle_base: float,
     cap: float,
+    window: float,
 ) -> Trip | None:
     """Count a retryable failure of an attempt that started at ``started``; None when it
-    changed nothing (it started before the breaker last opened: the same burst)."""
+    changed nothing (it started before the breaker last opened: the same burst). ``window``:
+    the length of the window a throttle without a wait of its own ends."""
     row = await db.fetchrow(
         _Q["provider_trip"], now, provider, wait, threshold, base, cap, started, throttled,
-        throttle_base,
+        throttle_base, window,
     )  # fmt: skip
     return None if row is None else Trip(row["open_until"], bool(row["opened"]))
 
 
 async def provider_recover(
-    db: DB, provider: str, *, probe: bool, started: datetime | None, max_concurrency: int
+    db: DB,
+    provider: str,
+    *,
+    probe: bool,
+    started: datetime | None,
+    max_concurrency: int,
+    now: datetime | None = None,
 ) -> float | None:
     """A success; the allowed concurrency afterwards while it ramps back (None: the limit)."""
     ramp: float | None = await db.fetchval(
-        _Q["provider_recover"], provider, probe, started, max_concurrency
+        _Q["provider_recover"], provider, probe, started, max_concurrency, now
     )
     return ramp
 

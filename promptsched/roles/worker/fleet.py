@@ -34,6 +34,9 @@ BREAKER_FAILURES = 5
 BREAKER_BASE = 30.0
 THROTTLE_OPEN = 5.0
 BREAKER_MAX = 300.0
+# The window a throttled answer without a wait of its own ends, for learning the provider's
+# rate (0029_provider_learned_rate.sql): the per-minute limits answer that way.
+THROTTLE_WINDOW = 60.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 _WRITE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
@@ -119,8 +122,8 @@ class Fleet:
             return max(0.01, room.paced_for)
         if reason == "tokens" and room.llm_tokens is not None and limiter.tokens_per_minute:
             return max(0.01, -room.llm_tokens / (limiter.tokens_per_minute / 60))
-        if reason == "rate" and limiter.rate_per_second is not None:
-            return max(0.01, 1.0 / limiter.rate_per_second)
+        if reason == "rate" and room.rate:  # the configured or the learned rate
+            return max(0.01, (1.0 - (room.rate_tokens or 0.0)) / room.rate)
         return min(1.0, max(0.05, self.waits.get(provider, 0.0) * 2))
 
     async def report(
@@ -170,6 +173,7 @@ class Fleet:
                 ramp = await queries.provider_recover(
                     self.pool, provider, probe=probe, started=started,
                     max_concurrency=self.limiters[provider].max_concurrency,
+                    now=self.clock.sql_now(),
                 )  # fmt: skip
                 self._failing[provider] = False
                 self._ramping[provider] = ramp is not None
@@ -186,7 +190,7 @@ class Fleet:
         trip = await queries.provider_trip(
             self.pool, self.clock.sql_now(), provider, wait, started=started,
             throttled=outcome.throttled, threshold=BREAKER_FAILURES, base=BREAKER_BASE,
-            throttle_base=THROTTLE_OPEN, cap=BREAKER_MAX,
+            throttle_base=THROTTLE_OPEN, cap=BREAKER_MAX, window=THROTTLE_WINDOW,
         )  # fmt: skip
         if trip is not None and trip.opened and trip.open_until is not None:
             self._set_breaker(provider, "open")

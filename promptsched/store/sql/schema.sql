@@ -310,12 +310,13 @@ BEGIN
     RETURN written;
 END
 $$;
-CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision, paced_for double precision, ramp double precision)
+CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision, paced_for double precision, ramp double precision, rate double precision)
     LANGUAGE plpgsql
     AS $$
 DECLARE
     b provider_buckets%ROWTYPE;
     now_ timestamptz := coalesce(p_now, clock_timestamp());
+    burst double precision;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || p_provider, 0));
     running := provider_running_count(p_provider);
@@ -325,9 +326,13 @@ BEGIN
     half_open := b.open_until IS NOT NULL AND b.open_until <= now_;
     paced_for := greatest(0.0, coalesce(extract(epoch FROM b.paced_until - now_), 0.0));
     ramp := b.ramp;
-    tokens := CASE WHEN p_rate IS NULL THEN NULL
-                   WHEN b.tokens IS NULL THEN p_burst
-                   ELSE least(p_burst, b.tokens + p_rate * greatest(0.0,
+    -- The learned rate paces evenly (a bucket of one request); a configured rate, its burst.
+    rate := provider_learned_rate(b.allowance, b.window_seconds, b.learned_at, now_);
+    burst := CASE WHEN rate IS NULL THEN p_burst ELSE 1 END;
+    rate := CASE WHEN rate IS NULL THEN p_rate ELSE least(coalesce(p_rate, rate), rate) END;
+    tokens := CASE WHEN rate IS NULL THEN NULL
+                   WHEN b.tokens IS NULL THEN burst
+                   ELSE least(burst, b.tokens + rate * greatest(0.0,
                                 extract(epoch FROM now_ - b.updated_at)::double precision))
               END;
     llm_tokens := CASE WHEN p_tpm IS NULL THEN NULL
@@ -356,6 +361,17 @@ BEGIN
     allowed := greatest(allowed, 0);
     RETURN NEXT;
 END;
+$$;
+CREATE FUNCTION public.provider_allowance(p_allowance double precision, p_window double precision, p_learned_at timestamp with time zone, p_now timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT p_allowance * 2 ^ least(30.0, floor(greatest(0.0,
+                   extract(epoch FROM p_now - p_learned_at)) / (3 * p_window)))
+$$;
+CREATE FUNCTION public.provider_learned_rate(p_allowance double precision, p_window double precision, p_learned_at timestamp with time zone, p_now timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT 0.9 * provider_allowance(p_allowance, p_window, p_learned_at, p_now) / p_window
 $$;
 CREATE FUNCTION public.provider_running_add(p_provider text, p_worker text, p_side text, p_runs bigint) RETURNS void
     LANGUAGE sql
@@ -710,7 +726,11 @@ CREATE TABLE public.provider_buckets (
     opened_at timestamp with time zone,
     ramp double precision,
     paced_until timestamp with time zone,
-    pace_reason text
+    pace_reason text,
+    allowance double precision,
+    window_seconds double precision,
+    learned_at timestamp with time zone,
+    learn_until timestamp with time zone
 );
 CREATE TABLE public.provider_running (
     provider text NOT NULL,

@@ -158,7 +158,8 @@ WITH admit AS (
            END AS claimable
 )
 SELECT c.*, seen.claimable, a.allowed, a.running AS provider_running, a.open_for,
-       a.half_open, a.failures, a.llm_tokens, a.paced_for, a.ramp
+       a.half_open, a.failures, a.llm_tokens, a.paced_for, a.ramp, a.rate,
+       a.tokens AS rate_tokens
 FROM seen
 CROSS JOIN admit a
 -- Commits without waiting for its WAL flush, as run_claim_batch.
@@ -508,14 +509,20 @@ SELECT (SELECT count(*) FROM gone)::int + (SELECT count(*) FROM dropped)::int;
 -- how long (Retry-After, or its rate-limit headers), else for $9 seconds doubling per
 -- throttled answer in a row, up to $6. Other failures count, and open it after $4 in a row, for
 -- $5 seconds doubling per further failure up to $6. Each opening restarts the fleet's allowed
--- concurrency at one (ramp). Returns open_until, and whether this failure opened it.
-INSERT INTO provider_buckets AS b (provider, failures, open_until, reason, opened_at, ramp)
+-- concurrency at one (ramp). A throttled answer after a success also marks the window that
+-- ended with it for learning the provider's rate (learn_until; its length window_seconds: $3,
+-- else $10), which the breaker's probe reads when it succeeds (provider_recover,
+-- 0029_provider_learned_rate.sql). Returns open_until, and whether this failure opened it.
+INSERT INTO provider_buckets AS b (provider, failures, open_until, reason, opened_at, ramp,
+                                   window_seconds, learn_until)
 VALUES ($2, 1,
         CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp())
              + make_interval(secs => coalesce($3::float8, CASE WHEN $8::boolean THEN $9::float8 ELSE $5::float8 END)) END,
         CASE WHEN $8 THEN 'throttled' WHEN $4 <= 1 THEN '1 failures in a row' END,
         CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp()) END,
-        CASE WHEN $8::boolean OR $4::int <= 1 THEN 1 END)
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN 1 END,
+        CASE WHEN $8 THEN coalesce($3::float8, $10::float8) END,
+        CASE WHEN $8 THEN coalesce($1::timestamptz, clock_timestamp()) END)
 ON CONFLICT (provider) DO UPDATE
 SET failures = b.failures + 1,
     open_until = CASE
@@ -531,26 +538,60 @@ SET failures = b.failures + 1,
     reason = CASE
         WHEN $8 THEN 'throttled'
         WHEN b.failures + 1 >= $4 THEN (b.failures + 1) || ' failures in a row'
-        ELSE b.reason END
+        ELSE b.reason END,
+    -- a throttle with no success since the last one (its probe's) keeps the window to learn
+    window_seconds = CASE WHEN $8 AND (b.failures = 0 OR b.learn_until IS NULL)
+                          THEN coalesce($3::float8, $10::float8) ELSE b.window_seconds END,
+    learn_until = CASE WHEN $8 AND (b.failures = 0 OR b.learn_until IS NULL)
+                       THEN coalesce($1::timestamptz, clock_timestamp()) ELSE b.learn_until END
 WHERE b.opened_at IS NULL OR $7::timestamptz >= b.opened_at
 RETURNING open_until, opened_at = coalesce($1::timestamptz, clock_timestamp()) AS opened;
 
 -- name: provider_recover
--- A success of an attempt that started at $3: the failure count restarts; a half-open probe's
--- ($2) also closes the breaker. While the fleet's allowed concurrency ramps back (ramp), a
--- success of an attempt started after the breaker last opened adds 1 / floor(ramp) to it
--- (about one more per round of the whole allowance: additive increase), until it reaches
--- max_concurrency ($4), where the ramp ends. Returns the ramp after it (NULL: ended).
-UPDATE provider_buckets
+-- A success of an attempt that started at $3, at $5: the failure count restarts; a half-open
+-- probe's ($2) also closes the breaker. While the fleet's allowed concurrency ramps back
+-- (ramp), a success of an attempt started after the breaker last opened adds 1 / floor(ramp)
+-- to it (about one more per round of the whole allowance: additive increase), until it
+-- reaches max_concurrency ($4), where the ramp ends. The first such success after a throttle
+-- learns the provider's rate from the window that ended with it (learn_until): the successes
+-- of attempts started in it are the allowance the first time, and later at most the
+-- allowance in force less one; pacing restarts from an empty bucket
+-- (0029_provider_learned_rate.sql). Returns the ramp after it (NULL: ended).
+WITH b AS (
+    SELECT pb.*, $3::timestamptz >= pb.opened_at AND pb.learn_until IS NOT NULL AS learning,
+           pb.learn_until - make_interval(secs => pb.window_seconds) AS learn_from
+    FROM provider_buckets pb WHERE pb.provider = $1
+), seen AS (
+    -- the window's successes: runs_finished_idx bounds the read to what finished since
+    SELECT count(*)::float8 AS n FROM b, runs r
+    WHERE b.learning
+      AND r.finished_at >= b.learn_from AND r.finished_at <= coalesce($5::timestamptz, clock_timestamp())
+      AND r.provider = $1 AND r.status = 'succeeded'
+      AND r.attempt_started_at >= b.learn_from AND r.attempt_started_at < b.learn_until
+)
+UPDATE provider_buckets pb
 SET failures = 0,
-    open_until = CASE WHEN $2 THEN NULL ELSE open_until END,
-    reason = CASE WHEN $2 THEN NULL ELSE reason END,
+    open_until = CASE WHEN $2 THEN NULL ELSE pb.open_until END,
+    reason = CASE WHEN $2 THEN NULL ELSE pb.reason END,
     -- (1e-6: three thirds make a whole step, not 0.999...)
-    ramp = CASE WHEN ramp IS NULL OR $3::timestamptz < opened_at THEN ramp
-                WHEN ramp + 1 / floor(ramp + 1e-6) + 1e-6 >= $4 THEN NULL
-                ELSE ramp + 1 / floor(ramp + 1e-6) END
-WHERE provider = $1 AND (failures > 0 OR ($2 AND open_until IS NOT NULL) OR ramp IS NOT NULL)
-RETURNING ramp;
+    ramp = CASE WHEN pb.ramp IS NULL OR $3::timestamptz < pb.opened_at THEN pb.ramp
+                WHEN pb.ramp + 1 / floor(pb.ramp + 1e-6) + 1e-6 >= $4 THEN NULL
+                ELSE pb.ramp + 1 / floor(pb.ramp + 1e-6) END,
+    allowance = CASE WHEN NOT b.learning THEN pb.allowance
+                     WHEN pb.allowance IS NULL THEN nullif(seen.n, 0)
+                     ELSE greatest(1.0, least(greatest(seen.n, 1.0), provider_allowance(
+                         pb.allowance, pb.window_seconds, pb.learned_at,
+                         coalesce($5::timestamptz, clock_timestamp())) - 1)) END,
+    learned_at = CASE WHEN b.learning THEN coalesce($5::timestamptz, clock_timestamp())
+                      ELSE pb.learned_at END,
+    learn_until = CASE WHEN b.learning THEN NULL ELSE pb.learn_until END,
+    tokens = CASE WHEN b.learning THEN 0 ELSE pb.tokens END,
+    updated_at = CASE WHEN b.learning THEN coalesce($5::timestamptz, clock_timestamp())
+                      ELSE pb.updated_at END
+FROM b, seen
+WHERE pb.provider = $1 AND (pb.failures > 0 OR ($2 AND pb.open_until IS NOT NULL)
+                            OR pb.ramp IS NOT NULL OR b.learning)
+RETURNING pb.ramp;
 
 -- name: provider_pace
 -- The provider's rate-limit headers said nothing is left for $3 seconds ($4 says which
@@ -587,8 +628,11 @@ ORDER BY provider;
 -- name: provider_weather
 -- Every provider's fleet-wide state, for the console and `status`: its breaker (open until,
 -- why, since when), its allowed concurrency while it ramps back (NULL: the configured
--- limit), and until when its own headers pace it.
+-- limit), until when its own headers pace it, and the requests per window it learned it
+-- allows (NULL: none learned).
 SELECT provider, open_until, reason, opened_at, failures, ramp, paced_until, pace_reason,
+       provider_allowance(allowance, window_seconds, learned_at,
+                          coalesce($1::timestamptz, now())) AS allowance, window_seconds,
        open_until IS NOT NULL AND open_until > coalesce($1::timestamptz, now()) AS open,
        open_until IS NOT NULL AND open_until <= coalesce($1::timestamptz, now()) AS half_open,
        paced_until IS NOT NULL AND paced_until > coalesce($1::timestamptz, now()) AS paced
