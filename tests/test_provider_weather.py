@@ -176,17 +176,18 @@ async def test_a_burst_against_a_key_limit_ends_with_no_dead_run(
 async def test_a_per_minute_limit_without_retry_after_kills_nothing(
     dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, live_proxy: litellm_support.LiteLLMProxy
 ) -> None:
-    """A deployment allowed 3 requests a minute answers 429 without Retry-After: 6 runs of one
-    counted attempt each all succeed within give_up_after (3 minutes), throttled meanwhile."""
+    """A deployment allowed 3 requests a minute answers 429 without Retry-After: 4 runs of one
+    counted attempt each (one more than the minute allows) all succeed within give_up_after
+    (3 minutes), throttled meanwhile."""
     env = _env(live_proxy.base_url, {"minute": ("sk-free", "mock-rpm")})
     replicas = await _replicas(dsn, tmp_path, env)
     try:
-        sid = await _burst(pool, "minute", 6, give_up_after="3 minutes")
-        await _settled(pool, sid, 6, timeout=150)
+        sid = await _burst(pool, "minute", 4, give_up_after="3 minutes")
+        await _settled(pool, sid, 4, timeout=100)
     finally:
         for replica in replicas:
             replica.stop()
-    assert await _statuses(pool, sid) == {"succeeded": 6}
+    assert await _statuses(pool, sid) == {"succeeded": 4}
     throttled = [a for a in await _attempts(pool, sid) if a["throttled"]]
     assert throttled and all("No deployments available" in a["error"] for a in throttled)
 
