@@ -35,7 +35,7 @@ BREAKER_BASE = 30.0
 THROTTLE_OPEN = 5.0
 BREAKER_MAX = 300.0
 # The window a throttled answer without a wait of its own ends, for learning the provider's
-# rate (0029_provider_learned_rate.sql): the per-minute limits answer that way.
+# rate (0030_provider_learned_rate.sql): the per-minute limits answer that way.
 THROTTLE_WINDOW = 60.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 _WRITE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)

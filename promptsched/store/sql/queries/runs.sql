@@ -512,7 +512,7 @@ SELECT (SELECT count(*) FROM gone)::int + (SELECT count(*) FROM dropped)::int;
 -- concurrency at one (ramp). A throttled answer after a success also marks the window that
 -- ended with it for learning the provider's rate (learn_until; its length window_seconds: $3,
 -- else $10), which the breaker's probe reads when it succeeds (provider_recover,
--- 0029_provider_learned_rate.sql). Returns open_until, and whether this failure opened it.
+-- 0030_provider_learned_rate.sql). Returns open_until, and whether this failure opened it.
 INSERT INTO provider_buckets AS b (provider, failures, open_until, reason, opened_at, ramp,
                                    window_seconds, learn_until)
 VALUES ($2, 1,
@@ -556,7 +556,7 @@ RETURNING open_until, opened_at = coalesce($1::timestamptz, clock_timestamp()) A
 -- learns the provider's rate from the window that ended with it (learn_until): the successes
 -- of attempts started in it are the allowance the first time, and later at most the
 -- allowance in force less one; pacing restarts from an empty bucket
--- (0029_provider_learned_rate.sql). Returns the ramp after it (NULL: ended).
+-- (0030_provider_learned_rate.sql). Returns the ramp after it (NULL: ended).
 WITH b AS (
     SELECT pb.*, $3::timestamptz >= pb.opened_at AND pb.learn_until IS NOT NULL AS learning,
            pb.learn_until - make_interval(secs => pb.window_seconds) AS learn_from
