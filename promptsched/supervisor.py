@@ -24,7 +24,7 @@ from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import ProviderSettings, parse_providers
 from promptsched.metrics import Metrics
-from promptsched.ops import fleet
+from promptsched.ops import doctor, fleet
 from promptsched.roles.loop import Rush
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import Notifier, build_senders
@@ -203,6 +203,7 @@ class Supervisor:
                 progress=self.progress,
                 retention=serving.retention,
                 published=lambda: self.published().config,
+                doctor=lambda: doctor.run(self.config, self.dsn, self.published()),
                 mounts=(console.mount,),  # the operator console: pages under / outside /v1
             )
             self.api = api_app.ApiServer(app, serving.host, serving.port)

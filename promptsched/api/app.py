@@ -172,6 +172,7 @@ def build(
     progress: ProgressHub | None = None,
     retention: timedelta | None = None,
     published: Callable[[], Mapping[str, Any]] | None = None,
+    doctor: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     mounts: Sequence[Callable[[web.Application], None]] = (),
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
@@ -196,6 +197,7 @@ def build(
         progress=progress or ProgressHub(),
         retention=retention,
         published=published,
+        doctor=doctor,
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps

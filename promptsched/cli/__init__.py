@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.register(sub)
     fleet.register(sub)
     completion.register(sub, parser)
-    for name in ("schedules", "runs", "notifications", "preview", "budget", "followups", "status"):
+    remote_ok = ("schedules", "runs", "notifications", "preview", "budget", "followups")
+    for name in (*remote_ok, "status", "doctor"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():

@@ -1,5 +1,6 @@
 """``promptsched status``: the fleet at a glance, from the database (direct mode) or through
-``GET /v1/status`` (remote mode, an admin token), as text or ``--json``."""
+``GET /v1/status`` (remote mode, an admin token); ``promptsched doctor``: this shell's
+configuration checked (direct mode) or a replica's (``GET /v1/doctor``); text or ``--json``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
+
 from promptsched import config as configuration
-from promptsched.cli import backend, common
+from promptsched.cli import backend, common, remote
 from promptsched.cli.backend import Backend
+from promptsched.errors import PromptschedError
 
 
 def duration(seconds: float) -> str:
@@ -127,6 +131,54 @@ def cmd_status(args: argparse.Namespace, config: configuration.Config) -> int:
     return backend.run(args, config, action)
 
 
+_MARKS = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
+
+
+def print_doctor(data: Mapping[str, Any]) -> None:
+    """One line per check, the fix after it when it did not pass."""
+    for check in data["checks"]:
+        line = f"{_MARKS.get(check['status'], check['status']):<5} {check['name']}: "
+        line += check["message"]
+        if check["fix"] and check["status"] in ("fail", "warn"):
+            line += f" -> fix: {check['fix']}"
+        print(line)
+    broken = [c["name"] for c in data["checks"] if c["status"] == "fail"]
+    print(f"broken: {', '.join(broken)}" if broken else "nothing is broken")
+
+
+async def _doctor_direct(config: configuration.Config) -> dict[str, Any]:
+    from promptsched.executors.settings import parse_providers
+    from promptsched.ops import doctor, fleet, probes
+
+    providers = parse_providers(config.env, config.providers_raw)
+    published = fleet.describe(config, providers, roles=config.roles, slots=config.workers)
+    try:
+        with common.database(config) as dsn:
+            return await doctor.run(config, dsn, published)
+    except PromptschedError as exc:  # no database to reach (the embedded one does not exist)
+        fix = "start the service with `promptsched run`, or set PROMPTSCHED_DATABASE_URL"
+        return doctor.report([probes.Check("database", "fail", str(exc), fix)])
+
+
+def cmd_doctor(args: argparse.Namespace, config: configuration.Config) -> int:
+    where = backend.remote_target(args, config)
+    if where is None:
+        data = anyio.run(_doctor_direct, config)
+    else:
+        target = where
+
+        async def ask() -> dict[str, Any]:
+            async with remote.RemoteBackend(target) as api:
+                return await api.doctor()
+
+        data = anyio.run(ask)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        print_doctor(data)
+    return 0 if data["ok"] else 1
+
+
 def register(sub: Any) -> None:
     status = sub.add_parser(
         "status",
@@ -137,3 +189,15 @@ def register(sub: Any) -> None:
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(func=cmd_status)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the configuration against what it needs; exit 1 when something is broken",
+        description="One line per check, with the fix when it fails: the database and its "
+        "schema, the clock, the pooler and the direct URL, each provider (one cheap request; "
+        "PROMPTSCHED_PROVIDER_<NAME>_PROBE=false skips it), SMTP (connect, TLS, login, "
+        "nothing sent), the webhook and chat targets in use against the allowlist, the public "
+        "URL, and this configuration against the running fleet's. Direct mode checks this "
+        "shell's configuration; remote mode (an admin token) the answering replica's.",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object")
+    doctor.set_defaults(func=cmd_doctor)

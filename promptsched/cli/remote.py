@@ -365,6 +365,10 @@ class RemoteBackend:
         data: dict[str, Any] = await self.call("GET", "/v1/status")
         return data
 
+    async def doctor(self) -> dict[str, Any]:
+        data: dict[str, Any] = await self.call("GET", "/v1/doctor")
+        return data
+
 
 async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Server-Sent Events as (event, data); comments and retry lines are skipped."""

@@ -307,15 +307,22 @@ def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
 class DeliveryError(PromptschedError):
     """A send failed. ``retryable`` (the same sense as ``ExecutorError.retryable``) is False when
     trying again gives the same answer (the notification goes dead at once); ``retry_after``
-    (seconds) is the receiver's own wish."""
+    (seconds) is the receiver's own wish; ``fix`` what to change when the configuration is
+    the cause (the message says it too)."""
 
     def __init__(
-        self, message: str, *, retryable: bool = True, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        retry_after: float | None = None,
+        fix: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.retry_after = retry_after
+        self.fix = fix
 
 
 class Sender(Protocol):

@@ -5,6 +5,7 @@ is ``multipart/alternative``: a plain-text part and an HTML part (``delivery/ema
 from __future__ import annotations
 
 import email.utils
+import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import TYPE_CHECKING
@@ -115,6 +116,99 @@ def build_message(notification: Notification, settings: EmailSettings) -> EmailM
     return message
 
 
+def tls_problem(exc: BaseException, settings: EmailSettings) -> DeliveryError | None:
+    """A configuration error when ``PROMPTSCHED_SMTP_TLS`` does not match the server (or its
+    certificate is refused), naming what to set; None when ``exc`` is not such a failure.
+    Trying again cannot help: the setting must change."""
+    where = f"{settings.host}:{settings.port}"
+    problem = fix = None
+    cause = exc.__cause__ or exc.__context__
+    if settings.tls == "starttls" and "STARTTLS" in str(exc) and "not supported" in str(exc):
+        problem = (
+            f"smtp: the server at {where} does not offer STARTTLS, which "
+            "PROMPTSCHED_SMTP_TLS=starttls (the default) requires"
+        )
+        fix = (
+            "set PROMPTSCHED_SMTP_TLS=none for a plain server (a local relay, a test sink), "
+            "or tls for implicit TLS (port 465)"
+        )
+    elif isinstance(cause, ssl.SSLCertVerificationError):
+        problem = f"smtp: the certificate of {where} was not accepted ({cause.verify_message})"
+        fix = "check PROMPTSCHED_SMTP_HOST: it must be the name on the server's certificate"
+    elif settings.tls == "tls" and isinstance(cause, ssl.SSLError):
+        problem = (
+            f"smtp: the server at {where} does not speak implicit TLS, which "
+            "PROMPTSCHED_SMTP_TLS=tls requires"
+        )
+        fix = (
+            "set PROMPTSCHED_SMTP_TLS=starttls (usually port 587) or none, or "
+            "PROMPTSCHED_SMTP_PORT to the server's TLS port (465)"
+        )
+    if problem is None or fix is None:
+        return None
+    return DeliveryError(f"{problem}: {fix}", retryable=False, fix=fix)
+
+
+def _client(settings: EmailSettings) -> aiosmtplib.SMTP:
+    return aiosmtplib.SMTP(
+        hostname=settings.host,
+        port=settings.port,
+        use_tls=settings.tls == "tls",
+        # False, not None: "none" must not upgrade opportunistically either.
+        start_tls=settings.tls == "starttls",
+        timeout=settings.timeout,
+    )
+
+
+async def check_server(settings: EmailSettings) -> str:
+    """Connect as a send would (TLS as set) and log in when a user is set, then quit without
+    sending anything; the words for what worked, or a ``DeliveryError`` saying what to set."""
+    if not settings.host:
+        fix = "set PROMPTSCHED_SMTP_HOST"
+        raise DeliveryError(f"SMTP is not configured: {fix}", retryable=False, fix=fix)
+    client = _client(settings)
+    try:
+        await client.connect()
+        if settings.username:
+            password = settings.password.reveal() if settings.password else ""
+            await client.login(settings.username, password)
+        await client.quit()
+    except Exception as exc:
+        raise _redact(settings, _classify(exc, settings)) from None
+    login = f", logged in as {settings.username}" if settings.username else ""
+    return f"{settings.host}:{settings.port} answered ({settings.tls}{login}); nothing was sent"
+
+
+def _classify(exc: Exception, settings: EmailSettings) -> DeliveryError:
+    """The ``DeliveryError`` of a failed SMTP exchange: a TLS mismatch or a refused login are
+    the configuration's (not retried); a 4xx or a broken connection may pass."""
+    problem = tls_problem(exc, settings)
+    if problem is not None:
+        return problem
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
+        return _refused(exc)
+    if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
+        fix = "check PROMPTSCHED_SMTP_USERNAME and PROMPTSCHED_SMTP_PASSWORD"
+        return DeliveryError(
+            f"smtp: {exc.code} {_one_line(exc.message)} ({fix})", retryable=False, fix=fix
+        )
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return DeliveryError(f"smtp: {exc.code} {_one_line(exc.message)}", retryable=exc.code < 500)
+    if isinstance(exc, aiosmtplib.SMTPNotSupported):
+        return DeliveryError(f"smtp: {exc}", retryable=False)
+    if isinstance(exc, aiosmtplib.SMTPException | OSError):
+        fix = "check PROMPTSCHED_SMTP_HOST and PROMPTSCHED_SMTP_PORT, and that the server is up"
+        return DeliveryError(f"smtp: {type(exc).__name__}: {exc}", fix=fix)
+    raise exc
+
+
+def _redact(settings: EmailSettings, error: DeliveryError) -> DeliveryError:
+    password = settings.password
+    if password is None or password.redact(error.message) == error.message:
+        return error
+    return DeliveryError(password.redact(error.message), retryable=error.retryable, fix=error.fix)
+
+
 def _refused(exc: aiosmtplib.SMTPRecipientsRefused) -> DeliveryError:
     codes = [r.code for r in exc.recipients]
     detail = "; ".join(f"{r.recipient}: {r.code} {_one_line(r.message)}" for r in exc.recipients)
@@ -147,28 +241,12 @@ class EmailSender:
                 start_tls=settings.tls == "starttls",
                 timeout=settings.timeout,
             )
-        except aiosmtplib.SMTPRecipientsRefused as exc:
-            raise self._redacted(_refused(exc)) from None
-        except aiosmtplib.SMTPResponseException as exc:
-            error = DeliveryError(
-                f"smtp: {exc.code} {_one_line(exc.message)}", retryable=exc.code < 500
-            )
-            raise self._redacted(error) from None
-        except aiosmtplib.SMTPNotSupported as exc:
-            raise self._redacted(DeliveryError(f"smtp: {exc}", retryable=False)) from None
         except (aiosmtplib.SMTPException, OSError) as exc:
-            error = DeliveryError(f"smtp: {type(exc).__name__}: {exc}")
-            raise self._redacted(error) from None
+            raise _redact(settings, _classify(exc, settings)) from None
         if errors:
             refused = ", ".join(f"{rcpt}: {r.code}" for rcpt, r in errors.items())
             return f"delivered, but refused for {refused}"
         return None
-
-    def _redacted(self, error: DeliveryError) -> DeliveryError:
-        password = self.settings.password
-        if password is None or password.redact(error.message) == error.message:
-            return error
-        return DeliveryError(password.redact(error.message), retryable=error.retryable)
 
     async def aclose(self) -> None:
         return None

@@ -276,11 +276,14 @@ async def _read_limited(response: aiohttp.ClientResponse, provider: str) -> byte
 async def _exchange(
     session: aiohttp.ClientSession,
     url: str,
-    data: bytes,
+    data: bytes | None,
     headers: Mapping[str, str],
     provider: str,
 ) -> HttpReply:
-    async with session.post(url, data=data, headers=headers, allow_redirects=False) as response:
+    method = "GET" if data is None else "POST"
+    async with session.request(
+        method, url, data=data, headers=headers, allow_redirects=False
+    ) as response:
         body = await _read_limited(response, provider)
         if not 200 <= response.status < 300:
             raise classify_status(
@@ -309,9 +312,36 @@ async def post_json(
     except (TypeError, ValueError) as exc:
         raise PermanentError(f"{provider}: request is not JSON-serializable: {exc}") from None
     all_headers = {"Content-Type": "application/json", **headers}
+    return await _request(
+        session, url, data, all_headers, provider, request_timeout, connect_timeout
+    )
+
+
+async def get(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    provider: str,
+    request_timeout: float,
+    connect_timeout: float,
+) -> HttpReply:
+    """GET ``url`` and return the 2xx reply, or raise a classified error (as ``post_json``)."""
+    return await _request(session, url, None, headers, provider, request_timeout, connect_timeout)
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes | None,
+    headers: Mapping[str, str],
+    provider: str,
+    request_timeout: float,
+    connect_timeout: float,
+) -> HttpReply:
     try:
         with anyio.fail_after(request_timeout):
-            return await _exchange(session, url, data, all_headers, provider)
+            return await _exchange(session, url, data, headers, provider)
     except ExecutorError:
         raise
     except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's timeouts subclass it

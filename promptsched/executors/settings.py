@@ -41,6 +41,7 @@ _KEYS: dict[str, str | None] = {
     "rate_per_second": "RATE",
     "tokens_per_minute": "TOKENS_PER_MINUTE",
     "structured_output": "STRUCTURED_OUTPUT",
+    "probe": "PROBE",
     "headers": None,
 }
 # How an openai-kind provider is asked for an answer in a schedule's output_schema
@@ -83,6 +84,8 @@ class ProviderSettings:
     fleet: bool = True
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     structured_output: StructuredOutput = "strict"
+    # `promptsched doctor` sends it one cheap request (the model list); false: never.
+    probe: bool = True
     # Where base_url was set (TOML key or variable), for startup errors about it.
     base_url_field: str | None = field(default=None, compare=False)
 
@@ -237,6 +240,7 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         fleet=kind != "echo" or any(key in raw for key in _LIMITS),
         headers=_headers(raw.get("headers")),
         structured_output=_structured_output(raw.get("structured_output")),
+        probe=_flag(raw.get("probe"), default=True),
         base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )
 
@@ -331,6 +335,19 @@ def _rate(item: _Value | None) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(item.field, "must be a positive number (unset it for no rate limit)")
     return cast(float, value)
+
+
+def _flag(item: _Value | None, *, default: bool) -> bool:
+    if item is None:
+        return default
+    if isinstance(item.value, bool):
+        return item.value
+    text = str(item.value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(item.field, f"must be true or false, got {item.value!r}")
 
 
 def _structured_output(item: _Value | None) -> StructuredOutput:

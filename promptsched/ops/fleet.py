@@ -12,6 +12,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from asyncpg import Record
+
 from promptsched import __version__, netguard
 from promptsched.clock import Clock
 from promptsched.config import Config
@@ -257,21 +259,35 @@ def _emails(document: Mapping[str, Any]) -> bool:
     return "notifier" in (document.get("roles") or []) and bool(email.get("configured"))
 
 
-async def view(db: queries.DB, clock: Clock, fallback: Callable[[], FleetView]) -> FleetView:
-    """The running fleet's view: the configuration most live replicas publish (among equals,
-    the newest started replica's); ``fallback()`` when no replica is alive."""
-    found = await queries.replica_list(db, clock.sql_now(), timedelta(0))
-    rows = [row for row in found if row["alive"]]
-    if not rows:
-        return fallback()
+def leading(alive: Sequence[Record]) -> Record | None:
+    """Of the live replicas' rows (newest first, as ``replica_list`` gives them), the one
+    whose fingerprint most publish; among equals, the newest replica's (a rolling change
+    starts with the new one). None without any."""
     counts: dict[str, int] = {}
-    for row in rows:  # newest first: the first of equals wins the max below
+    for row in alive:
         counts[row["fingerprint"]] = counts.get(row["fingerprint"], 0) + 1
-    chosen = max(counts, key=lambda f: counts[f])
-    document = next(row["config"] for row in rows if row["fingerprint"] == chosen)
+    if not counts:
+        return None
+    chosen = max(counts, key=lambda f: counts[f])  # the first of equals: the newest
+    return next(row for row in alive if row["fingerprint"] == chosen)
+
+
+async def alive(db: queries.DB, clock: Clock) -> list[Record]:
+    """The live replicas' rows, newest first."""
+    return [row for row in await queries.replica_list(db, clock.sql_now(), timedelta(0))
+            if row["alive"]]  # fmt: skip
+
+
+async def view(db: queries.DB, clock: Clock, fallback: Callable[[], FleetView]) -> FleetView:
+    """The running fleet's view: the configuration of ``leading``; ``fallback()`` when no
+    replica is alive."""
+    rows = await alive(db, clock)
+    lead = leading(rows)
+    if lead is None:
+        return fallback()
     return from_document(
-        document, can_email=any(_emails(row["config"]) for row in rows), source="fleet",
-        replicas=len(rows), fingerprints=len(counts),
+        lead["config"], can_email=any(_emails(row["config"]) for row in rows), source="fleet",
+        replicas=len(rows), fingerprints=len({row["fingerprint"] for row in rows}),
     )  # fmt: skip
 
 

@@ -506,6 +506,26 @@ COMPONENTS: dict[str, Schema] = {
         },
     },
     "Document": {"type": "object"},
+    "Doctor": {
+        "type": "object",
+        "required": ["ok", "checks"],
+        "properties": {
+            "ok": {"type": "boolean"},
+            "checks": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "status", "message", "fix"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "status": {"type": "string", "enum": ["ok", "warn", "fail", "skip"]},
+                        "message": {"type": "string"},
+                        "fix": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+    },
     "FleetStatus": {
         "type": "object",
         "description": "the fleet at a glance: fleet {replicas, fingerprints, drift, "

@@ -5,7 +5,7 @@ queue; the outbox. One document, read in one go from the database."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,14 +26,6 @@ def _iso(value: datetime | None) -> str | None:
 
 def _seconds(delta: timedelta) -> float:
     return round(max(0.0, delta.total_seconds()), 1)
-
-
-def _chosen(alive: Sequence[Record]) -> str | None:
-    """The fingerprint most live replicas publish (among equals, the newest replica's)."""
-    counts: dict[str, int] = {}
-    for row in alive:  # newest first
-        counts[row["fingerprint"]] = counts.get(row["fingerprint"], 0) + 1
-    return max(counts, key=lambda f: counts[f]) if counts else None
 
 
 def _replica(row: Record, now: datetime, fleet_shared: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -130,9 +122,9 @@ async def gather(db: queries.DB, clock: Clock) -> dict[str, Any]:
     rows = await queries.replica_list(db, now_arg, RECENT)
     now = rows[0]["db_now"] if rows else await schedule_ops.db_now(db, clock)
     alive = [row for row in rows if row["alive"]]
-    chosen = _chosen(alive)
-    source = next((row for row in alive if row["fingerprint"] == chosen), None)
-    source = source or (rows[0] if rows else None)
+    lead = fleet.leading(alive)
+    chosen = lead["fingerprint"] if lead is not None else None
+    source = lead or (rows[0] if rows else None)
     config = source["config"] if source is not None else {}
     fleet_shared = config.get("shared") if chosen is not None else None
     wanted = _limits(config)

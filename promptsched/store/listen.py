@@ -183,3 +183,24 @@ async def _close(conn: asyncpg.Connection[Any]) -> None:
         await conn.close()
     except Exception:
         conn.terminate()
+
+
+async def round_trip(listen_dsn: str, send: queries.DB, *, wait: float = 3.0) -> bool:
+    """Whether a NOTIFY sent through ``send`` arrives at a LISTEN on a new connection to
+    ``listen_dsn`` within ``wait`` seconds: the listener's self-check, once (doctor)."""
+    token = f"doctor:{secrets.token_hex(8)}"
+    arrived = anyio.Event()
+
+    def heard(conn: Any, pid: int, channel: str, payload: object) -> None:
+        if payload == token:
+            arrived.set()
+
+    conn = await pools.connect(listen_dsn, application_name="promptsched-doctor")
+    try:
+        await conn.add_listener(CHANNEL_CHECK, heard)
+        await queries.listen_check_notify(send, token)
+        with anyio.move_on_after(wait):
+            await arrived.wait()
+    finally:
+        await _close(conn)
+    return arrived.is_set()

@@ -794,6 +794,20 @@ async def replica_list(db: DB, now: datetime | None, recent: timedelta) -> list[
     return await db.fetch(_Q["replica_list"], now, recent)
 
 
+async def notify_url_targets(db: DB, limit: int) -> list[Record]:
+    return await db.fetch(_Q["notify_url_targets"], limit)
+
+
+async def notify_email_count(db: DB) -> int:
+    count: int = await db.fetchval(_Q["notify_email_count"])
+    return count
+
+
+async def backend_pid(db: DB) -> int:
+    pid: int = await db.fetchval(_Q["backend_pid"])
+    return pid
+
+
 async def stats_queue_depth(db: DB, now: datetime | None) -> Record:
     row = await db.fetchrow(_Q["stats_queue_depth"], now)
     assert row is not None

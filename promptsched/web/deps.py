@@ -3,7 +3,7 @@ read by the API's handlers and the console's pages alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -36,6 +36,8 @@ class Deps:
     # This replica's published configuration (ops/fleet.py): what input is checked against
     # when no replica has published one (an application built without a supervisor).
     published: Callable[[], Mapping[str, Any]] = dict
+    # ``promptsched doctor`` as this replica runs it (ops/doctor.py); None: no replica behind.
+    doctor: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
     def tool_catalog(self) -> Catalog | None:
         return self.tools() if self.tools is not None else None

@@ -1,5 +1,5 @@
 """The fleet for operators (admin tokens): ``GET /v1/status``, the replicas, providers, queue
-and outbox at a glance."""
+and outbox at a glance; ``GET /v1/doctor``, the answering replica's configuration checked."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ async def status(call: Call) -> web.StreamResponse:
     return json_reply(await fleet_status.gather(call.deps.pool, call.deps.clock))
 
 
+async def doctor(call: Call) -> web.StreamResponse:
+    _admin(call)
+    if call.deps.doctor is None:
+        raise ApiError(503, "unavailable", "doctor runs in a replica started by promptsched run")
+    return json_reply(await call.deps.doctor())
+
+
 _FORBIDDEN = Reply("a token that is not an admin's", "Error")
 
 OPERATIONS = (
@@ -30,5 +37,16 @@ OPERATIONS = (
                       "providers (breaker, room, pacing), the queue and the outbox",
                       "FleetStatus"),
          "403": _FORBIDDEN},
+    ),
+    Operation(
+        "GET", "/v1/doctor", doctor, "fleetDoctor",
+        "Check this replica's configuration against what it needs", "fleet",
+        {"200": Reply("one verdict per check (database, clock, pooler, providers, SMTP, "
+                      "targets, public URL, fleet), each with the fix when it fails; ok is "
+                      "false when something a configured feature needs is broken", "Doctor"),
+         "403": _FORBIDDEN,
+         "503": Reply("no replica behind this application", "Error")},
+        description="It makes a cheap request to each provider (its model list) and logs in "
+        "to SMTP without sending anything; it takes up to about ten seconds.",
     ),
 )  # fmt: skip
