@@ -286,3 +286,53 @@ async def test_header_pacing_holds_every_replica_until_the_reset(
     assert len(arrivals) == 4
     assert arrivals[1] - arrivals[0] >= 2.0, arrivals  # the reset, measured from the answer
     assert all(b - a < 1.5 for a, b in zip(arrivals[1:], arrivals[2:], strict=False)), arrivals
+
+
+async def test_runs_waiting_behind_an_open_breaker_go_to_the_fallback_at_once(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    """The primary answers one 429 asking for 30 s, which opens its breaker for the fleet.
+    Runs created while it is open: those of a schedule with a fallback run on the fallback
+    at once (moved while they wait, not after the probe), each attempt showing it; those of a
+    schedule without one wait, and the primary hears nothing more."""
+    fake.script(fake_server.rate_limited("30"))
+    env = {"PROMPTSCHED_PROVIDERS": "primary,backup", "PROMPTSCHED_RETRY_BASE": "200ms"}
+    for name in ("primary", "backup"):
+        env[f"PROMPTSCHED_PROVIDER_{name.upper()}_KIND"] = "openai"
+        env[f"PROMPTSCHED_PROVIDER_{name.upper()}_BASE_URL"] = fake.base_url
+        env[f"PROMPTSCHED_PROVIDER_{name.upper()}_MODEL"] = f"gpt-{name}"
+    replicas = await _replicas(dsn, tmp_path, env)
+    try:
+        await _burst(pool, "primary", 1)  # its 429 opens the breaker for 30 s
+        open_until = await wait_until(
+            lambda: pool.fetchval(
+                "SELECT open_until FROM provider_buckets "
+                "WHERE provider = 'primary' AND open_until > now()"
+            ),
+            timeout=15, interval=0.1, what="the primary's breaker open",
+        )  # fmt: skip
+        sid = await _burst(pool, "primary", 6, fallback=["backup"])
+        waiting = await _burst(pool, "primary", 2)
+        await _settled(pool, sid, 6, timeout=15)
+        moved = await _metric(
+            replicas, "promptsched_provider_fallbacks_total",
+            from_provider="primary", to_provider="backup",
+        )  # fmt: skip
+        still = await pool.fetch(
+            "SELECT status, attempts, provider FROM runs WHERE schedule_id = $1", waiting
+        )
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert await _statuses(pool, sid) == {"succeeded": 6}
+    attempts = await _attempts(pool, sid)
+    assert len(attempts) == 6 and moved == 6
+    for attempt in attempts:
+        assert attempt["provider"] == "backup" and attempt["model"] == "gpt-backup", attempt
+        assert attempt["finished_at"] < open_until  # not after the primary's cool-down
+    # Without a fallback, a run waits for the breaker; the primary heard only the one 429.
+    assert [(r["status"], r["attempts"], r["provider"]) for r in still] == [
+        ("pending", 0, "primary")
+    ] * 2
+    models = [request.json["model"] for request in fake.requests]
+    assert models.count("gpt-primary") == 1 and models.count("gpt-backup") == 6, models

@@ -676,6 +676,16 @@ async def run_seconds_until_available(
     return value
 
 
+async def run_reroute_held(
+    db: DB, now: datetime | None, provider: str, limit: int, providers: Sequence[str]
+) -> list[str]:
+    """Move up to ``limit`` runs waiting for ``provider`` (its breaker open, or paced) to the
+    next place of their route that can take them now; the providers they went to, one per
+    run moved."""
+    rows = await db.fetch(_Q["run_reroute_held"], now, provider, limit, providers)
+    return [row["provider"] for row in rows]
+
+
 async def run_notify_ready(db: DB, payload: str = "") -> None:
     await db.execute(_Q["run_notify_ready"], payload)
 

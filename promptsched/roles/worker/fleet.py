@@ -63,6 +63,7 @@ class Fleet:
         self._ramping: dict[str, bool] = {}  # provider -> its concurrency ramps back
         self._paced: set[str] = set()  # providers whose headers held the last claim back
         self._probes: set[int] = set()  # runs claimed as a half-open breaker's probe
+        self.moved = 0  # runs moved to a fallback by claims held back since last read
 
     async def claim(
         self, provider: str, want: int, worker_id: str, lease: timedelta
@@ -103,11 +104,27 @@ class Fleet:
             )  # fmt: skip
             self._child(self.metrics.throttled_claims, provider, reason).inc()
             self.waits[provider] = self._backoff(provider, limiter, room, reason)
+            if reason in ("open", "paced") and len(self.limiters) > 1:
+                await self._reroute(provider, want)
         else:
             self.waits.pop(provider, None)
         if state == "half_open":
             self._probes.update(row.id for row in claim)
         return claim
+
+    async def _reroute(self, provider: str, want: int) -> None:
+        """While the provider's breaker is open or its headers pace it, up to ``want`` of its
+        waiting runs whose schedule names a fallback go on to the next place of their route
+        that can take them now (run_reroute_held), instead of waiting for the probe; counted
+        by provider pair, and every replica is woken to claim them."""
+        moved = await queries.run_reroute_held(
+            self.pool, self.clock.sql_now(), provider, want, list(self.limiters)
+        )
+        for target in moved:
+            self._child(self.metrics.provider_fallbacks, provider, target).inc()
+        if moved:
+            self.moved += len(moved)
+            await queries.run_notify_ready(self.pool, "fallback")  # every replica claims them
 
     def _backoff(
         self, provider: str, limiter: Limiter, room: queries.ProviderRoom, reason: str

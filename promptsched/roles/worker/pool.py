@@ -133,6 +133,9 @@ class WorkerPool:
                 started += 1
             if rows:
                 self._idle = anyio.Event()
+        if self.fleet.moved:  # runs went on to a fallback: claim them without waiting
+            self.fleet.moved = 0
+            self.wakeup.set()
         self._update_slot_gauge()
         return started
 

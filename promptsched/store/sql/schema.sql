@@ -935,6 +935,7 @@ CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DES
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
 CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE (enabled AND (next_fire_at IS NOT NULL));
+CREATE INDEX schedules_fallback_idx ON public.schedules USING btree (id) WHERE (cardinality(fallback) > 0);
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
 CREATE INDEX schedules_resume_idx ON public.schedules USING btree (paused_until) WHERE (NOT enabled);
 CREATE TRIGGER runs_count_delete AFTER DELETE ON public.runs FOR EACH ROW WHEN ((old.status = 'running'::text)) EXECUTE FUNCTION public.runs_count_row();

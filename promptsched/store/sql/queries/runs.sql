@@ -407,6 +407,63 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS first;
 
+-- name: run_reroute_held
+-- Runs waiting for provider $2 while its breaker is open or its headers paced it move on to
+-- the next place of their schedule's route that can take them now (docs/providers.md,
+-- "Fallback providers"): a provider this process knows ($4), other than $2, whose breaker is
+-- not open and which is not paced; the first such place after the run's own, in route order
+-- (after the last, the schedule's own provider again). At most $3 runs, available now, of
+-- schedules that name a fallback (schedules_fallback_idx, 0031_reroute_held.sql), each
+-- schedule's waiting runs read through runs_unfinished_idx: the move costs what those runs
+-- do. Runs another claimer holds are skipped. Returns each moved run and where it went.
+WITH candidates AS (
+    SELECT w.id, w.route, s.provider AS home, s.model AS home_model, s.fallback
+    FROM schedules s
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.route FROM runs r
+        WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+          AND r.status = 'pending' AND r.provider = $2
+          AND r.available_at <= coalesce($1::timestamptz, now())
+        ORDER BY r.slot
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) AS w
+    WHERE cardinality(s.fallback) > 0
+    LIMIT $3
+), moves AS (
+    SELECT c.id, nxt.route, nxt.provider, nxt.model
+    FROM candidates c
+    CROSS JOIN LATERAL (
+        SELECT p.route, p.provider, p.model
+        FROM generate_series(1, cardinality(c.fallback)) AS step
+        CROSS JOIN LATERAL (
+            SELECT (c.route + step) % (cardinality(c.fallback) + 1) AS route
+        ) AS at
+        CROSS JOIN LATERAL (
+            SELECT at.route,
+                   CASE WHEN at.route = 0 THEN c.home
+                        ELSE split_part(c.fallback[at.route], ':', 1) END AS provider,
+                   CASE WHEN at.route = 0 THEN c.home_model
+                        WHEN strpos(c.fallback[at.route], ':') > 0
+                        THEN substr(c.fallback[at.route], strpos(c.fallback[at.route], ':') + 1)
+                   END AS model
+        ) AS p
+        WHERE p.provider <> $2 AND p.provider = ANY ($4::text[])
+          AND NOT EXISTS (
+                SELECT 1 FROM provider_buckets b
+                WHERE b.provider = p.provider
+                  AND (b.open_until > coalesce($1::timestamptz, now())
+                       OR b.paced_until > coalesce($1::timestamptz, now())))
+        ORDER BY step
+        LIMIT 1
+    ) AS nxt
+)
+UPDATE runs r
+SET route = m.route, provider = m.provider, model = m.model
+FROM moves m
+WHERE r.id = ANY (ARRAY[m.id]) AND r.status = 'pending' AND r.provider = $2
+RETURNING r.id, r.provider;
+
 -- name: run_notify_ready
 SELECT pg_notify('promptsched_runs', $1::text);
 
