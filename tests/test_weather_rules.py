@@ -229,3 +229,79 @@ async def test_allowed_concurrency_ramps_back_from_one_and_converges(
     assert (await _row(pool))["ramp"] is None
     again = await _trip(pool, NOW + timedelta(seconds=9), NOW + timedelta(seconds=8))
     assert again.opened and (await _row(pool))["ramp"] == 1
+
+
+# --- the provider's row: learning the rate ----------------------------------------------------
+
+
+async def _successes(
+    pool: asyncpg.Pool[Any], sid: int, count: int, started: datetime, finished: datetime
+) -> None:
+    """``count`` succeeded runs of P whose attempt started at ``started``."""
+    await pool.execute(
+        "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, status, attempts,"
+        " attempt_id, worker_id, started_at, attempt_started_at, available_at, finished_at)"
+        " SELECT $1, $2::timestamptz - g * interval '1 millisecond', 'manual', $3, 1,"
+        " 'succeeded', 1, gen_random_uuid(), 'w', $2, $2, $2, $4 FROM generate_series(1, $5) g",
+        sid, started, P, finished, count,
+    )  # fmt: skip
+
+
+async def _admit(pool: asyncpg.Pool[Any], at: datetime) -> queries.ProviderRoom:
+    """What a claim of P (no limit configured but the learned one) meets at ``at``."""
+    claim = await queries.run_claim_limited(
+        pool, at, P, 8, "w", timedelta(seconds=30), max_concurrency=8, rate=None, burst=1
+    )
+    return claim.room
+
+
+async def test_the_rate_is_learned_from_the_window_a_throttle_ended(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """docs/providers.md, "Learning the rate": a throttle asking for 2 s after 3 successes
+    of requests sent in the 2 s before it (and one sent earlier): when the probe succeeds the
+    allowance is 3, claims take one request per 2 / (0.9 x 3) s from an empty bucket, the
+    allowance doubles after 3 windows without a throttle, and a later throttle learns the
+    smaller of what its window allowed and the allowance in force less one."""
+    sid: int = await pool.fetchval(
+        "INSERT INTO schedules (name, kind, expression, prompt, provider, enabled, next_fire_at)"
+        " VALUES ('learn', 'cron', '0 0 1 1 *', 'hi', $1, true, NULL) RETURNING id",
+        P,
+    )
+    window = timedelta(seconds=2)
+    await _successes(pool, sid, 1, NOW - timedelta(seconds=3), NOW - timedelta(seconds=3))
+    await _successes(pool, sid, 3, NOW - window + timedelta(milliseconds=100), NOW)
+    assert (await _trip(pool, NOW, NOW - timedelta(milliseconds=10), wait=2.0)).opened
+    assert (await _admit(pool, NOW + timedelta(seconds=1))).allowed == 0  # open
+    probe = NOW + window
+    learned = probe + timedelta(milliseconds=100)
+    await queries.provider_recover(
+        pool, P, probe=True, started=probe, max_concurrency=8, now=learned
+    )
+    row = await _row(pool)
+    assert row["allowance"] == 3 and row["window_seconds"] == 2 and row["learn_until"] is None
+    rate = 0.9 * 3 / 2
+    early = await _admit(pool, learned + timedelta(seconds=0.9 / rate))
+    assert early.allowed == 0 and early.rate == pytest.approx(rate)  # the bucket starts empty
+    due = await _admit(pool, learned + timedelta(seconds=1.1 / rate))
+    assert due.allowed == 1  # one at a time: a bucket of one request
+    doubled = await _admit(pool, learned + 3 * window + timedelta(milliseconds=1))
+    assert doubled.rate == pytest.approx(2 * rate)
+    # A throttle 18 s later (allowance in force 3 x 2^3 = 24) after 5 successes in its window:
+    # the allowance is 5. Another right after its probe, after 9: the 5 in force less one.
+    later = learned + timedelta(seconds=18)
+    await _successes(pool, sid, 5, later - timedelta(seconds=1), later)
+    assert (await _trip(pool, later, later - timedelta(milliseconds=10), wait=2.0)).opened
+    relearned = later + window + timedelta(milliseconds=100)
+    await queries.provider_recover(
+        pool, P, probe=True, started=later + window, max_concurrency=8, now=relearned
+    )
+    assert (await _row(pool))["allowance"] == 5
+    last = relearned + timedelta(seconds=2)
+    await _successes(pool, sid, 9, last - timedelta(seconds=1), last)
+    assert (await _trip(pool, last, last - timedelta(milliseconds=10), wait=2.0)).opened
+    await queries.provider_recover(
+        pool, P, probe=True, started=last + window, max_concurrency=8,
+        now=last + window + timedelta(milliseconds=100),
+    )  # fmt: skip
+    assert (await _row(pool))["allowance"] == 4
