@@ -12,7 +12,7 @@ from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
 from promptsched.errors import AttemptTimeout, PermanentError, RetryableError
 from promptsched.executors.base import ExecutionResult
 from promptsched.roles.worker.attempt import Outcome, settle, skip_disabled
-from promptsched.roles.worker.heartbeat import InFlight, StopReason
+from promptsched.roles.worker.inflight import InFlight, StopReason
 from promptsched.store import queries
 
 ATTEMPT = UUID(int=7)
@@ -147,7 +147,7 @@ async def test_a_wound_down_attempt_does_not_remove_the_runs_next_attempt() -> N
     attempt in the registry (the heartbeat keeps renewing the lease it holds)."""
     from uuid import uuid4
 
-    from promptsched.roles.worker.heartbeat import InFlight, InFlightAttempts
+    from promptsched.roles.worker.inflight import InFlight, InFlightAttempts
 
     registry = InFlightAttempts()
     old = InFlight(run_id=7, attempt_id=uuid4(), provider="echo", permit=None)

@@ -26,7 +26,8 @@ from promptsched.clock import Clock, FrozenClock
 from promptsched.executors.base import Step
 from promptsched.metrics import FENCED_WRITE_KINDS, LEASE_LOSS_CAUSES, Metrics
 from promptsched.ops import notify_targets
-from promptsched.roles.worker.heartbeat import Heartbeat, InFlight
+from promptsched.roles.worker.heartbeat import Heartbeat
+from promptsched.roles.worker.inflight import InFlight
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories

@@ -20,7 +20,7 @@ from promptsched.errors import Pace, PermanentError, RetryableError, Throttled
 from promptsched.executors import http_client, ratelimit
 from promptsched.roles.worker import attempt
 from promptsched.roles.worker import fleet as worker_fleet
-from promptsched.roles.worker.heartbeat import StopReason
+from promptsched.roles.worker.inflight import StopReason
 from promptsched.store import queries
 
 NOW = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from promptsched.errors import ExecutorError
 from promptsched.executors.base import ExecutionResult
 from promptsched.monitor import changes, conditions
 from promptsched.retry import RetryPolicy, decide
-from promptsched.roles.worker.heartbeat import StopReason
+from promptsched.roles.worker.inflight import StopReason
 from promptsched.store import queries
 
 # What the executor produced: a result, an error, or None when it was stopped early.

@@ -20,7 +20,7 @@ from promptsched.executors.base import ExecutionResult
 from promptsched.executors.limiter import Limiter
 from promptsched.metrics import Children, Metrics
 from promptsched.roles.worker.attempt import Outcome
-from promptsched.roles.worker.heartbeat import InFlight, StopReason
+from promptsched.roles.worker.inflight import InFlight, StopReason
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")

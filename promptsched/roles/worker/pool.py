@@ -25,7 +25,8 @@ from promptsched.metrics import Children, Metrics
 from promptsched.roles.loop import Rush, Wakeup, run_forever
 from promptsched.roles.worker.finalizer import Finalizer
 from promptsched.roles.worker.fleet import Fleet
-from promptsched.roles.worker.heartbeat import Heartbeat, InFlight, InFlightAttempts, StopReason
+from promptsched.roles.worker.heartbeat import Heartbeat
+from promptsched.roles.worker.inflight import InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.runner import AttemptRunner
 from promptsched.store import queries
 
@@ -62,6 +63,10 @@ class WorkerPool:
         self.finalizer = Finalizer(pool, clock, self.worker_id)
         self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
+        # Providers whose last claim found nothing more to take: not asked again until new
+        # work may have come (a NOTIFY, or the dispatcher's own wait ran out). A claim of the
+        # unused `echo` ran beside every claim of a busy provider, one round trip each.
+        self._drained: set[str] = set()
         self.claiming = True
         self._blocked_backoff = 0.0
         # Attempts whose executor is running. An attempt whose final write is queued still
@@ -83,6 +88,7 @@ class WorkerPool:
         self._update_slot_gauge()
 
     def notify(self, _payload: str | None = None) -> None:
+        self._drained.clear()
         self.wakeup.set()
 
     def _update_slot_gauge(self) -> None:
@@ -103,7 +109,7 @@ class WorkerPool:
         started = 0
         for provider, limiter in self.limiters.items():
             want = min(self._free_slots(), limiter.available())
-            if want <= 0:
+            if want <= 0 or provider in self._drained:
                 continue
             if limiter.fleet:
                 rows = await self.fleet.claim(provider, want, self.worker_id, self.heartbeat.lease)
@@ -117,6 +123,8 @@ class WorkerPool:
                     self.heartbeat.lease,
                 )
             self._count_claim(rows)
+            if len(rows) < want and rows.claimable <= len(rows):
+                self._drained.add(provider)  # it took all there was (nothing held by others)
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
@@ -150,6 +158,10 @@ class WorkerPool:
         cap = self.max_sleep.total_seconds()
         if self._free_slots() <= 0:
             return cap  # a finishing attempt wakes us
+        # Nothing was claimed with slots free: the next claim, after this wait, asks every
+        # provider again (runs due later, a retry, another replica's release, none of which
+        # sends a NOTIFY this process hears in time).
+        self._drained.clear()
         ready = [p for p, limiter in self.limiters.items() if limiter.available() > 0]
         rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
         if not ready:
@@ -202,8 +214,10 @@ class WorkerPool:
 
     def _forget(self, attempt: InFlight) -> None:
         """The attempt is over for this process: no more heartbeats, its lease is not ours."""
-        # The provider permit is held until here, not just while the executor runs: a provider
-        # limit of N keeps at most N of its runs `running`, the rest wait as `pending` rows.
+        # A fleet-limited provider's permit is held until here, not just while the executor
+        # runs: the fleet counts the run in flight until its final write commits, so a permit
+        # given back sooner only made the next claim find no room. A provider limited in this
+        # process only gave its permit back when its call returned (AttemptRunner.run).
         if attempt.permit is not None:
             attempt.permit.release()
         self.inflight.discard(attempt)
@@ -216,6 +230,7 @@ class WorkerPool:
     async def run_once(self) -> int:
         """Drain mode: claim and execute everything due now, then return the number run."""
         total = 0
+        self._drained.clear()
         try:
             async with anyio.create_task_group() as tg:
                 self.attempts.tg = tg
@@ -228,6 +243,8 @@ class WorkerPool:
                     total += started
                     if started == 0 and idle_before and not self.inflight:
                         break
+                    if started == 0:
+                        self._drained.clear()  # the next claim asks every provider again
                     await self.wakeup.wait(0.05 if started == 0 else 0)
                 tg.cancel_scope.cancel()
         finally:
@@ -280,7 +297,7 @@ class WorkerPool:
             if remaining:
                 for attempt in remaining:
                     attempt.stop_for(StopReason.RELEASED)
-                    attempt.scope.cancel()
+                    attempt.interrupt()
                 with anyio.move_on_after(10):
                     count = await queries.run_release_many(
                         self.pool,

@@ -1,0 +1,213 @@
+"""What each call in flight costs beyond the call (W9, docs/performance.md): a lease is renewed
+when it needs it, not at every heartbeat; a provider with nothing pending is not asked at every
+claim; a permit of a provider limited in this process goes back when its call returns."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from promptsched.clock import FrozenClock
+from promptsched.config import WorkerSettings
+from promptsched.executors.base import Registry
+from promptsched.executors.echo import EchoExecutor
+from promptsched.executors.limiter import Limiter
+from promptsched.metrics import Metrics
+from promptsched.prices import Prices
+from promptsched.roles.worker import WorkerPool
+from promptsched.roles.worker.heartbeat import Heartbeat
+from promptsched.roles.worker.inflight import InFlight
+from promptsched.store import queries
+from tests import factories
+from tests.factories import EPOCH
+from tests.helpers import wait_until
+
+LEASE = timedelta(seconds=30)
+INTERVAL = timedelta(seconds=10)
+
+
+async def _lease_of(pool: asyncpg.Pool[Any], run_id: int) -> Any:
+    return await pool.fetchval("SELECT lease_expires_at FROM runs WHERE id = $1", run_id)
+
+
+async def test_a_lease_is_renewed_once_it_is_most_of_an_interval_old(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    sid = await factories.schedule(pool)
+    for second in range(3):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    claimed = await queries.run_claim_batch(pool, EPOCH, "echo", 3, "w", LEASE)
+    metrics = Metrics()
+    heartbeat = Heartbeat(pool, FrozenClock(EPOCH), metrics, lease=LEASE, interval=INTERVAL)
+    now = time.monotonic()
+    ages = {claimed[0].id: 9.0, claimed[1].id: 7.6, claimed[2].id: 7.4}  # seconds since renewed
+    for row in claimed:
+        attempt = InFlight(row.id, row.attempt_id, "echo", None)
+        attempt.renewed_at = now - ages[row.id]
+        heartbeat.inflight.add(attempt)
+    # Looks come every quarter interval: what is at least 3/4 of an interval old is due.
+    due = heartbeat.due()
+    assert sorted(a.run_id for a in due) == sorted([claimed[0].id, claimed[1].id])
+    before = {row.id: await _lease_of(pool, row.id) for row in claimed}
+    heartbeat.clock = FrozenClock(EPOCH + timedelta(seconds=5))
+    await heartbeat.run_within_lease(due)
+    after = {row.id: await _lease_of(pool, row.id) for row in claimed}
+    assert [after[r.id] > before[r.id] for r in claimed] == [True, True, False]
+    assert metrics.leases_renewed._value.get() == 2
+    # Just renewed: those two are not due again for another 3/4 of an interval.
+    assert [a.run_id for a in heartbeat.due()] == []
+
+
+async def test_the_heartbeat_loop_renews_a_short_attempt_never_and_a_long_one_in_time(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """A real loop with a short interval: an attempt younger than 3/4 of it is left alone, an
+    older one is renewed at the next look."""
+    sid = await factories.schedule(pool)
+    for second in range(2):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    young, old = await queries.run_claim_batch(pool, None, "echo", 2, "w", LEASE)
+    metrics = Metrics()
+    interval = timedelta(seconds=2)
+    heartbeat = Heartbeat(pool, FrozenClock(EPOCH), metrics, lease=LEASE, interval=interval)
+    kept = InFlight(young.id, young.attempt_id, "echo", None)  # renewed just now
+    aged = InFlight(old.id, old.attempt_id, "echo", None)
+    aged.renewed_at = time.monotonic() - 1.6  # 4/5 of the interval: due at the first look
+    heartbeat.inflight.add(kept)
+    heartbeat.inflight.add(aged)
+    leases = {r.id: await _lease_of(pool, r.id) for r in (young, old)}
+
+    async def renewed() -> bool:
+        return await _lease_of(pool, old.id) != leases[old.id]
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(heartbeat.run)
+        await wait_until(renewed, timeout=5, what="the aged lease renewed")
+        tg.cancel_scope.cancel()
+    # The first look came a quarter interval in: the young attempt was then 0.5 s old.
+    assert await _lease_of(pool, young.id) == leases[young.id]
+    assert metrics.leases_renewed._value.get() == 1
+
+
+def _two_provider_pool(
+    pool: asyncpg.Pool[Any], limiters: dict[str, Limiter], slots: int = 4
+) -> WorkerPool:
+    metrics = Metrics()
+    prices = Prices()
+    metrics.know(prices.models(list(limiters)))
+    clock = FrozenClock(EPOCH)
+    return WorkerPool(
+        pool,
+        clock,
+        metrics,
+        Registry({name: EchoExecutor() for name in limiters}),
+        limiters,
+        Heartbeat(pool, clock, metrics, lease=LEASE, interval=INTERVAL),
+        WorkerSettings(
+            slots=slots,
+            worker_id="w",
+            retry_base=timedelta(seconds=10),
+            retry_max=timedelta(minutes=5),
+            prices=prices,
+        ),
+    )
+
+
+async def test_a_provider_with_nothing_pending_is_asked_again_only_when_work_may_have_come(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await factories.schedule(pool)
+    for second in range(12):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    asked: list[str] = []
+    claim_batch = queries.run_claim_batch
+
+    async def recorded(db: Any, now: Any, provider: str, *args: Any) -> Any:
+        asked.append(provider)
+        return await claim_batch(db, now, provider, *args)
+
+    monkeypatch.setattr(queries, "run_claim_batch", recorded)
+    workers = _two_provider_pool(pool, {"idle": Limiter(100), "echo": Limiter(100)}, slots=4)
+    async with anyio.create_task_group() as tg:
+        await tg.start(workers.finalizer.run)
+        assert await workers.claim() == 4
+        assert asked == ["idle", "echo"]  # the first claim asks both; `idle` had nothing
+        asked.clear()
+        for _ in range(2):  # further claims, as slots free
+            await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
+            assert await workers.claim() > 0
+        assert asked == ["echo", "echo"]
+        # A NOTIFY (new runs somewhere) or a wait that ran out with slots free: asked again.
+        asked.clear()
+        workers.notify()
+        await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
+        await workers.claim()
+        assert asked[0] == "idle"
+        asked.clear()
+        await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
+        await workers.claim()
+        assert "idle" not in asked
+        asked.clear()
+        await workers.seconds_until_work()
+        await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
+        await workers.claim()
+        assert asked[0] == "idle"
+        await wait_until(lambda: _idle(workers), timeout=10, what="every attempt over")
+        tg.cancel_scope.cancel()
+
+
+async def _idle(workers: WorkerPool) -> bool:
+    return not workers.inflight
+
+
+async def _free(workers: WorkerPool) -> bool:
+    return workers._free_slots() > 0
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["local-limit", "fleet-limit"])
+async def test_a_local_limit_gives_its_permit_back_when_the_call_returns(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch, fleet: bool
+) -> None:
+    """The final write is held. With a limit of this process only, the permit is back as soon
+    as the call returns, and the next run starts meanwhile. With a fleet-wide limit the run
+    counts for the fleet until its write commits (the claim reads `running` rows), and so
+    does its permit: giving it back sooner would only make the next claim find no room."""
+    sid = await factories.schedule(pool)
+    for second in range(2):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
+    gate = anyio.Event()
+    finish_many = queries.run_finish_many
+    writing: list[int] = []
+
+    async def held(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
+        writing.append(len(batch))
+        await gate.wait()
+        return await finish_many(db, now, batch, worker_id)
+
+    monkeypatch.setattr(queries, "run_finish_many", held)
+    limiter = Limiter(1, fleet=fleet)
+    workers = _two_provider_pool(pool, {"echo": limiter}, slots=4)
+
+    async def first_write_held() -> bool:
+        return writing == [1]
+
+    async def second_call_made() -> bool:
+        return workers.finalizer.pending == 1  # queued behind the held write
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workers.run_once)
+        await wait_until(first_write_held, timeout=10, what="the first call made, write held")
+        if fleet:
+            assert limiter.in_use == 1 and limiter.available() == 0
+            assert len(workers.inflight) == 1  # nothing else could start
+        else:
+            await wait_until(second_call_made, timeout=10, what="the second call made")
+            assert limiter.in_use == 0 and len(workers.inflight) == 2
+        gate.set()
+    assert limiter.in_use == 0
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 2
