@@ -104,6 +104,13 @@ async def test_the_cli_checks_against_the_running_fleet_and_status_reports_drift
             )  # fmt: skip
             assert await _metric(first, "config_fingerprints") == 2
             assert await _metric(first, "replicas") == 2
+            # The console says it too: the status page (admins) and the schedules page.
+            page = await _console(dsn, first, "/status", admin=True)
+            assert 'id="fleet-headline">Fleet: 2 replicas alive' in page
+            assert "configuration DRIFT" in page and "st-DRIFT" in page
+            assert "providers.shopcheck.limits.max_concurrency: 2 (fleet: 3)" in page
+            assert 'id="drift"' in await _console(dsn, first, "/", admin=True)
+            assert "Admins only" in await _console(dsn, first, "/status", admin=False)
         await wait_until(
             lambda: _equals(_metric(first, "config_drift"), 0.0), timeout=10,
             what="the drift gauge back at 0 after the second replica stopped",
@@ -111,6 +118,25 @@ async def test_the_cli_checks_against_the_running_fleet_and_status_reports_drift
         after = _status(dsn, elsewhere)
         assert after["fleet"]["drift"] is False
         assert [r["alive"] for r in after["replicas"]] == [False, True]
+
+
+async def _console(dsn: str, service: Service, path: str, *, admin: bool) -> str:
+    """A console page as a fresh session of a new token sees it."""
+    pool = await pools.create_pool(dsn, max_size=1)
+    try:
+        token, _ = await auth.create_token(pool, owner="ops", admin=admin)
+    finally:
+        await pool.close()
+    base = f"http://127.0.0.1:{service.has_event('api.listening')['port']}"  # type: ignore[index]
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(f"{base}/login") as form:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await form.text())
+        assert csrf is not None
+        login = {"token": token, "csrf": csrf.group(1)}
+        async with browser.post(f"{base}/login", data=login, allow_redirects=False) as done:
+            assert done.status == 303
+        async with browser.get(f"{base}{path}", allow_redirects=False) as page:
+            return await page.text()
 
 
 def _host(service: Service) -> str:
@@ -127,7 +153,7 @@ _VOLATILE: list[tuple[str, str]] = [
     (r"[\w.-]+:\d+/[0-9a-f]{8}", "<replica>"),
     (r"\b[0-9a-f]{16}\b", "<fingerprint>"),
     (r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "<time>"),
-    (r"\b(\d+[dhm] )?\d+[hms]\b( ago)?", "<duration>"),
+    (r"\b\d+ (?:ms|s|min|h|d)(?: \d+ (?:ms|s|min|h|d))?(?: ago)?\b", "<duration>"),
     (r" {2,}", "  "),
 ]
 

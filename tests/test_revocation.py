@@ -199,3 +199,26 @@ async def test_an_admin_reads_lists_and_cancels_another_owners_followup_by_key(a
     assert (await api.delete(f"{path}?owner=alice", root)).status == 204  # again: no change
     after = await api.get(path, alice)
     assert after.body["state"] == "cancelled" and after.body["cancelled_by"] == "root"
+
+
+async def test_an_admin_session_lists_opens_and_cancels_another_owners_followup(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    async with console(pool) as ui:
+        alice = await auth.create_token(pool, owner="alice")
+        body = {"key": "order-4711", "in": "1h", "prompt": "has order 4711 shipped?"}
+        async with ui.client.post(
+            "/v1/followups", json=body, headers={"Authorization": f"Bearer {alice[0]}"}
+        ) as created:
+            assert created.status == 201
+        await ui.login_as("root", admin=True)
+        listed = await ui.get("/followups")
+        assert "order-4711" in listed.text and "alice" in listed.text
+        assert "/followups/order-4711?owner=alice" in listed.text
+        assert (await ui.get("/followups/order-4711")).status == 404  # root's own: none
+        page = await ui.get("/followups/order-4711?owner=alice")
+        assert page.status == 200 and "Cancel follow-up" in page.text
+        done = await ui.post("/followups/order-4711/cancel?owner=alice", {"confirmed": "1"})
+        assert done.status == 303 and "owner=alice" in done.headers["Location"]
+        state = await pool.fetchval("SELECT state FROM followups WHERE key = 'order-4711'")
+        assert state == "cancelled"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -15,76 +15,7 @@ from promptsched import config as configuration
 from promptsched.cli import backend, common, remote
 from promptsched.cli.backend import Backend
 from promptsched.errors import PromptschedError
-
-
-def duration(seconds: float) -> str:
-    """``3d 4h``, ``5m 03s``, ``12s``: the two largest units."""
-    whole = int(seconds)
-    days, rest = divmod(whole, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
-def _headline(data: Mapping[str, Any]) -> str:
-    fleet = data["fleet"]
-    alive = fleet["replicas"]
-    if not alive:
-        return "Fleet: no replica is running (none has renewed its row lately)"
-    versions = ", ".join(fleet["versions"])
-    words = f"Fleet: {alive} replica{'s' if alive != 1 else ''} alive, version {versions}"
-    if len(fleet["versions"]) > 1:
-        words += " (versions differ)"
-    if fleet["drift"]:
-        return f"{words}; configuration DRIFT: {fleet['fingerprints']} different fingerprints"
-    return f"{words}; one configuration ({fleet['fingerprint']})"
-
-
-def _replica_rows(replicas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for r in replicas:
-        state = "DRIFT" if r["drift"] else "ok" if r["alive"] else "stopped"
-        if not r["alive"] and r["stopped_at"] is None:
-            state = "silent"  # its renewals stopped without a clean stop (a crash, a freeze)
-        rows.append({
-            **r,
-            "up": duration(r["uptime_seconds"]),
-            "roles_text": ",".join(r["roles"]),
-            "leads_text": ",".join(r["leads"]),
-            "seen": f"{duration(r['seen_seconds_ago'])} ago",
-            "state": state,
-        })  # fmt: skip
-    return rows
-
-
-def _provider_rows(providers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for p in providers:
-        breaker = p["breaker"]
-        if breaker == "open":
-            breaker = f"open {duration(p['open_for_seconds'])}"
-        pacing = []
-        if p.get("rate_per_second") is not None and p.get("rate_tokens") is not None:
-            pacing.append(f"{p['rate_tokens']:g} of {p['rate_per_second']:g}/s")
-        if p.get("llm_tokens") is not None:
-            pacing.append(f"{p['llm_tokens']:g} LLM tokens")
-        if p.get("paced_for_seconds"):
-            pacing.append(f"held {duration(p['paced_for_seconds'])} by its headers")
-        rows.append({
-            **p,
-            "breaker_text": breaker if p["fleet_wide"] else "-",
-            "limit": p["max_concurrency"] if p["fleet_wide"] else f"{p['max_concurrency']}/replica",
-            "allowed": p["allowed_concurrency"] if p["fleet_wide"] else None,
-            "pacing": "; ".join(pacing),
-        })  # fmt: skip
-    return rows
-
+from promptsched.human import fleet as words
 
 # The replica's id (host:pid/token) last: it is the one cell of no fixed width.
 REPLICA_COLUMNS = (
@@ -101,22 +32,17 @@ PROVIDER_COLUMNS = (
 
 
 def print_status(data: Mapping[str, Any]) -> None:
-    print(_headline(data))
+    print(words.headline(data))
     print()
-    common.table(_replica_rows(data["replicas"]), REPLICA_COLUMNS)
+    common.table(words.replica_rows(data["replicas"]), REPLICA_COLUMNS)
     for replica in data["replicas"]:
         for line in replica["differs"]:
             print(f"  {replica['id']} differs: {line}")
     print()
-    common.table(_provider_rows(data["providers"]), PROVIDER_COLUMNS)
+    common.table(words.provider_rows(data["providers"]), PROVIDER_COLUMNS)
     print()
-    q, o = data["queue"], data["outbox"]
-    print(
-        f"Queue: {q['ready']} ready, {q['waiting']} waiting behind their schedule, "
-        f"{q['scheduled']} due later, {q['running']} running ({q['lease_expired']} with an "
-        f"expired lease, {q['deadline_passed']} past their deadline)"
-    )
-    print(f"Outbox: {o['pending']} pending, {o['sending']} sending, {o['dead']} dead")
+    print(words.queue_line(data["queue"]))
+    print(words.outbox_line(data["outbox"]))
 
 
 def cmd_status(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -131,13 +57,10 @@ def cmd_status(args: argparse.Namespace, config: configuration.Config) -> int:
     return backend.run(args, config, action)
 
 
-_MARKS = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
-
-
 def print_doctor(data: Mapping[str, Any]) -> None:
     """One line per check, the fix after it when it did not pass."""
     for check in data["checks"]:
-        line = f"{_MARKS.get(check['status'], check['status']):<5} {check['name']}: "
+        line = f"{words.MARKS.get(check['status'], check['status']):<5} {check['name']}: "
         line += check["message"]
         if check["fix"] and check["status"] in ("fail", "warn"):
             line += f" -> fix: {check['fix']}"

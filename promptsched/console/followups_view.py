@@ -91,12 +91,25 @@ def decision_words(found: dict[str, Any] | None, *, final: bool = False) -> str:
     return human_followups.decision_words(found, _UTC, final=final)
 
 
+def _named(ctx: Ctx) -> str | None:
+    """The owner an admin's ``?owner=`` names (a key is unique per owner); None otherwise."""
+    return (ctx.query("owner") or "")[:100] or None if ctx.who.admin else None
+
+
+def _href(key: str, owner: str | None) -> str:
+    query = f"?{urlencode({'owner': owner})}" if owner else ""
+    return f"/followups/{quote(key, safe='')}{query}"
+
+
 async def list_page(ctx: Ctx) -> web.StreamResponse:
+    """An admin sees every owner's follow-ups (or one owner's with ``?owner=``), as on the
+    schedules page; any other session its owner's."""
     state = ctx.query("state")
     state = state if state in followups.STATES else None
     before = ctx.int_query("before")
+    whose = ctx.scope or _named(ctx)
     items = await followups.list_(
-        ctx.deps.pool, ctx.who.owner, state, before_id=before, limit=PAGE_SIZE + 1
+        ctx.deps.pool, whose, state, before_id=before, limit=PAGE_SIZE + 1
     )
     more: Markup | str = ""
     if len(items) > PAGE_SIZE:
@@ -109,14 +122,16 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
     for name in followups.STATES:
         links.append(_CURRENT(text=name) if name == state
                      else layout.link(f"/followups?state={name}", name))  # fmt: skip
+    admin = ctx.who.admin
     rows = [
-        (layout.link(f"/followups/{quote(i['key'], safe='')}", i["key"]), _state(i),
+        (layout.link(_href(i["key"], i["owner"] if admin else None), i["key"]), _state(i),
          f"{i['checks_done']} of {i['max_checks']}", _stamp(i["due_at"], ctx),
-         _stamp(i["created_at"], ctx))
+         _stamp(i["created_at"], ctx), *((i["owner"],) if admin else ()))
         for i in items
     ]  # fmt: skip
+    head = ("Key", "State", "Checks", "First check", "Placed", *(("Owner",) if admin else ()))
     table = (
-        layout.table(("Key", "State", "Checks", "First check", "Placed"), rows)
+        layout.table(head, rows)
         if rows
         else _EMPTY(text="No follow-ups. Place one with the form, the API (POST /v1/followups) "
                     "or `promptsched followups add`.")
@@ -127,8 +142,9 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
 
 async def detail_page(ctx: Ctx) -> web.StreamResponse:
     key = _key(ctx)
+    named = _named(ctx)
     try:
-        data = await followups.show(ctx.deps.pool, ctx.who.owner, key)
+        data = await followups.show(ctx.deps.pool, named or ctx.who.owner, key)
     except errors.NotFound:
         raise NotFoundPage() from None
     checks = [
@@ -169,8 +185,9 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
                                             _stamp(data["cancelled_at"], ctx)])))  # fmt: skip
     controls: Markup | str = ""
     if data["state"] == FollowupState.ACTIVE:
+        owner = f"?{urlencode({'owner': named})}" if named else ""
         controls = layout.action(
-            ctx, f"/followups/{quote(key, safe='')}/cancel", "Cancel follow-up",
+            ctx, f"/followups/{quote(key, safe='')}/cancel{owner}", "Cancel follow-up",
             confirm=f"Cancel {key!r}? No further check starts.",
         )  # fmt: skip
     body = _DETAIL(
@@ -186,13 +203,15 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
 
 async def cancel(ctx: Ctx) -> web.StreamResponse:
     key = _key(ctx)
+    named = _named(ctx)
     async with ctx.deps.pool.acquire() as conn:
         try:
-            await followups.cancel(conn, ctx.who.owner, key, actor=ctx.who.actor,
+            await followups.cancel(conn, named or ctx.who.owner, key, actor=ctx.who.actor,
                                    clock=ctx.deps.clock)  # fmt: skip
         except errors.NotFound:
             raise NotFoundPage() from None
-    return redirect(f"/followups/{quote(key, safe='')}?done=followup_cancelled")
+    owner = f"&{urlencode({'owner': named})}" if named else ""
+    return redirect(f"/followups/{quote(key, safe='')}?done=followup_cancelled{owner}")
 
 
 def _owner_field(field: str) -> str:

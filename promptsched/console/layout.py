@@ -36,7 +36,7 @@ $body
 """)
 _NAV = Template("""<nav>
 <a href="/">Schedules</a><a href="/schedules/new">New schedule</a><a href="/dead">Dead letters</a>\
-<a href="/followups">Follow-ups</a><a href="/budget">Budget</a>
+<a href="/followups">Follow-ups</a><a href="/budget">Budget</a><a href="/status">Status</a>
 </nav>
 <div class="who"><span title="the owner this token acts for">$owner</span>
 <form method="post" action="/logout" class="inline">

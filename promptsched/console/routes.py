@@ -21,6 +21,7 @@ from promptsched.console import (
     runs,
     schedules,
     session,
+    status_page,
 )
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
@@ -159,6 +160,7 @@ ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
     ("GET", "/dead", _page(runs.dead_page), "console.dead"),
     ("GET", "/budget", _page(budget_page.show), "console.budget"),
     ("POST", "/budget", _page(budget_page.save, post=True), "console.budget"),
+    ("GET", "/status", _page(status_page.show), "console.status"),
     ("GET", "/followups", _page(followups_view.list_page), "console.followups"),
     ("GET", "/followups/new", _page(followups_view.new_form), "console.followup_new"),
     ("POST", "/followups/new", _page(followups_view.create, post=True), "console.followup_new"),

@@ -33,6 +33,11 @@ $table
 $more""")
 _EMPTY = Template('<p class="empty">$text</p>')
 _SCROLL = Template('<div class="table-scroll">$table</div>')
+_DRIFT = Template(
+    '<p class="flash warn" role="status" id="drift">The running replicas publish $count '
+    'different configurations: <a href="/status">Status</a> names the settings that differ.'
+    "</p>\n"
+)
 _COOLING = Template(
     '<p class="flash warn" role="status">Provider <b>$provider</b> is cooling down until '
     "$until ($reason): no replica sends it a request until then; its runs wait as pending, "
@@ -150,6 +155,11 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
         if state["breaker"] == "open" or state["allowed_concurrency"] is not None
         or state["paced_until"] is not None
     )  # fmt: skip
+    if ctx.who.admin:  # an operator hears of configuration drift on the first page
+        count = len(
+            {row["fingerprint"] for row in await fleet.alive(ctx.deps.pool, ctx.deps.clock)}
+        )
+        cooling = join([_DRIFT(count=count), cooling]) if count > 1 else cooling
     body = _LIST(
         cooling=cooling, q=name or "", owner_field=owner_field, table=table, more=more_link
     )
