@@ -22,6 +22,7 @@ from promptsched.roles.presence import Presence
 from promptsched.store import queries
 from promptsched.tools.base import Catalog
 from tests import api_support
+from tests.console_support import console
 
 NOW = datetime.fromisoformat("2026-05-04T10:00:00+00:00")
 KEY, PASSWORD = "sk-test-0123456789abcdef", "smtp-hunter2-secret"
@@ -196,13 +197,16 @@ async def test_the_api_warns_about_emails_no_replica_sends_and_costs_no_price_kn
         assert any("PROMPTSCHED_SMTP_HOST" in w for w in warnings)
         assert any("PROMPTSCHED_PRICES" in w for w in warnings)
         sid = created.body["id"]
+        async with console(pool) as ui:  # the schedule's page says the same
+            await ui.login_as("alice")
+            page = (await ui.get(f"/schedules/{sid}")).text
+            assert 'class="flash warn"' in page and "PROMPTSCHED_SMTP_HOST" in page
+            assert "PROMPTSCHED_PRICES" in page
         quiet = await api.patch(f"/v1/schedules/{sid}", alice, json={"notify": None,
                                                                        "budget": None})  # fmt: skip
         assert quiet.status == 200 and "warnings" not in quiet.body
         owner = await api.put("/v1/budget", alice, json={"cost_per_month": 5})
         assert owner.status == 200 and "PROMPTSCHED_PRICES" in owner.body["warnings"][0]
-        page = await api.client.get(f"/schedules/{sid}")  # the console without a session
-        assert page.status in (200, 303)
         # With a replica that sends mail and prices its provider, nothing to warn about.
         await _presence(pool, Clock(), "mailer", _published()).run_once()
         shop = {**body, "name": "again", "provider": "shopcheck"}

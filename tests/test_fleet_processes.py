@@ -77,6 +77,13 @@ async def test_the_cli_checks_against_the_running_fleet_and_status_reports_drift
         added = run_cli(*ADD, dsn=dsn, cwd=elsewhere)
         assert added.returncode == 0, added.stderr
         assert "note:" not in added.stderr
+        assert "warning" not in added.stderr
+        # No replica can send mail (none has SMTP): the CLI warns, and still saves.
+        mail = run_cli(*ADD[:3], "mailed", *ADD[4:], "--email", "ops@example.com", dsn=dsn,
+                       cwd=elsewhere)  # fmt: skip
+        assert mail.returncode == 0, mail.stderr
+        assert "promptsched: warning: email: no running replica can send mail" in mail.stderr
+        assert "PROMPTSCHED_SMTP_HOST" in mail.stderr and json.loads(mail.stdout)["warnings"]
         created = json.loads(added.stdout)
         assert created["provider"] == "shopcheck"
         assert created["notify"]["webhook"]["url"] == "http://127.0.0.1:9/hook"
