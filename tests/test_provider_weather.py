@@ -248,7 +248,9 @@ async def test_throttled_runs_go_to_the_fallback_and_a_401_does_not(
     on_backup = [a for a in winners if a["provider"] == "backup"]
     assert on_backup and all(a["model"] == "mock" for a in winners)
     assert {a["provider"] for a in attempts} == {"tiny", "backup"}
-    assert moved == len([a for a in attempts if a["throttled"] and a["provider"] == "tiny"])
+    # Each run that won on backup moved there from tiny once (after its own 429, or while it
+    # waited behind tiny's open breaker), and backup never pushes back.
+    assert moved == len(on_backup)
     prompt_on_backup = sum(a["usage"]["prompt_tokens"] for a in on_backup)
     assert backup_tokens == prompt_on_backup > 0  # counted for the provider that answered
     # A wrong key is the user's to fix: dead at once, the fallback never tried.
