@@ -143,6 +143,7 @@ class WorkerPool:
                 self._idle = anyio.Event()
         if self.fleet.moved:  # runs went on to a fallback: claim them without waiting
             self.fleet.moved = 0
+            self._drained.clear()
             self.wakeup.set()
         self._update_slot_gauge()
         return started
