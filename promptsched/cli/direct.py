@@ -36,6 +36,9 @@ from promptsched.store import pool as pools
 from promptsched.tools.base import Catalog
 
 CLI_ACTOR = "cli"
+# The fields whose checks the running fleet decides (its providers, allowlist, tools).
+FLEET_FIELDS = frozenset({"provider", "model", "fallback", "notify", "params", "escalate"})
+LOCAL = "checked against this shell's environment: no replica is running"
 WATCH_POLL = 1.0  # seconds between status checks while watching a run directly
 ENDED = frozenset({*(s.value for s in RunStatus if s.finished), "deleted"})
 
@@ -74,14 +77,23 @@ class DirectBackend:
         self.conn, self.dsn, self.config, self.clock = conn, dsn, config, clock
         self._noted = False
 
-    async def _fleet(self) -> fleet.FleetView:
-        """What the running fleet published (this shell's environment when no replica runs,
-        said once on stderr: stdout carries the command's output)."""
+    @contextlib.asynccontextmanager
+    async def _fleet(self) -> AsyncIterator[fleet.FleetView]:
+        """What the running fleet published, for the checks in the block (this shell's
+        environment when no replica runs). Said once on stderr when the block succeeds
+        (stdout carries the answer); a refusal of what the fleet decides says it instead, in
+        its one line."""
         found = await fleet.view(self.conn, self.clock, lambda: fleet.local(self.config))
+        try:
+            yield found
+        except ValidationError as exc:
+            top = exc.field.split(".", 1)[0].split("[", 1)[0]
+            if found.source == "local" and top in FLEET_FIELDS:
+                raise ValidationError(exc.field, f"{exc.message} ({LOCAL}).") from None
+            raise
         if found.note is not None and not self._noted:
             self._noted = True
             print(f"promptsched: note: {found.note}", file=sys.stderr)
-        return found
 
     async def _checks(self, found: fleet.FleetView, params: Any) -> dict[str, Any]:
         """Input checks: the fleet's providers and allowlist; its tools when it published
@@ -99,8 +111,8 @@ class DirectBackend:
         return row
 
     async def create_schedule(self, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
-        found = await self._fleet()
-        values = inputs.validate(body, **await self._checks(found, body.get("params")))
+        async with self._fleet() as found:
+            values = inputs.validate(body, **await self._checks(found, body.get("params")))
         async with self.conn.transaction():
             row = await schedule_ops.create_schedule(
                 self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR
@@ -132,18 +144,18 @@ class DirectBackend:
     async def update_schedule(
         self, schedule_id: int, patch: dict[str, Any], version: int | None
     ) -> dict[str, Any]:
-        found = await self._fleet()
         before = await self._schedule_row(schedule_id)
-        row = await schedule_ops.update_schedule(
-            self.conn,
-            self.clock,
-            schedule_id,
-            patch,
-            owner=None,
-            actor=CLI_ACTOR,
-            expected_version=version,
-            **await self._checks(found, patch.get("params")),
-        )
+        async with self._fleet() as found:
+            row = await schedule_ops.update_schedule(
+                self.conn,
+                self.clock,
+                schedule_id,
+                patch,
+                owner=None,
+                actor=CLI_ACTOR,
+                expected_version=version,
+                **await self._checks(found, patch.get("params")),
+            )
         rotated = views.webhook_secret(before) != views.webhook_secret(row)
         data = views.schedule(row, with_next=True, reveal_secret=rotated)
         return _warned(data, fleet.schedule_warnings(found, row))
@@ -289,11 +301,11 @@ class DirectBackend:
     async def create_followup(
         self, body: dict[str, Any], owner: str | None
     ) -> tuple[bool, dict[str, Any]]:
-        found = await self._fleet()
-        return await followup_ops.create(
-            self.conn, self.clock, body, owner=owner or "default", actor=CLI_ACTOR,
-            **await self._checks(found, body.get("params")),
-        )  # fmt: skip
+        async with self._fleet() as found:
+            return await followup_ops.create(
+                self.conn, self.clock, body, owner=owner or "default", actor=CLI_ACTOR,
+                **await self._checks(found, body.get("params")),
+            )  # fmt: skip
 
     async def get_followup(self, key: str, owner: str | None) -> dict[str, Any]:
         return await followup_ops.show(self.conn, owner or "default", key)
@@ -325,7 +337,8 @@ class DirectBackend:
 
     async def set_budget(self, owner: str | None, budget: dict[str, Any]) -> dict[str, Any]:
         data = await budget_ops.set_owner_budget(self.conn, owner or "default", budget, self.clock)
-        warning = fleet.cost_warning(await self._fleet(), data["budget"], None, "budget")
+        async with self._fleet() as found:
+            warning = fleet.cost_warning(found, data["budget"], None, "budget")
         return _warned(data, [warning] if warning else [])
 
 
