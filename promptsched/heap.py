@@ -22,14 +22,27 @@ Two remedies, both in CPython's own gc module:
 Together: the same drain runs no collection at all (tests/test_processes.py counts them over
 3,000 runs on 64 slots: none, against 80-90 young and 7 older ones by default), startup pays one
 full collection of 30-40 ms before the roles start, and a run costs 15-18 µs less CPU.
+
+Thousands of slow calls in flight (W9) need more: each call's objects (its task and
+coroutines, the HTTP request and response, their futures and timers) live for the seconds the
+call takes, so they survive young collections and pile up in the older generations, and every
+middle collection walks all of them. At 2,000 calls in flight, thresholds of 10,000 and 20
+took 152 young and 7 middle collections in a 20,000-run drain, about 4 s of the loop's time,
+single pauses of 200-500 ms. A young threshold of 100,000 and 100 young collections per older
+one: 3 young collections and no older one in the same drain, worker CPU 410 -> 309 µs a run
+(one sitting, W9 at 2,000 in flight, docs/performance.md). Those calls leave no garbage in
+cycles (a drain of 2,000 through the `openai` provider found 37 such objects, from the pool's
+own shutdown), so collecting less often keeps nothing alive that refcounting would not free:
+a cycle is still collected by the next young collection, at most 100,000 tracked objects later
+(tens of megabytes at worst), and one that forms among long-lived objects by a middle one.
 """
 
 from __future__ import annotations
 
 import gc
 
-YOUNG = 10_000
-OLDER = 20
+YOUNG = 100_000
+OLDER = 100
 
 
 def settle() -> int:
