@@ -152,8 +152,31 @@ async def test_a_provider_with_nothing_pending_is_asked_again_only_when_work_may
         await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
         await workers.claim()
         assert "idle" not in asked
+        # A run of `idle` that becomes available in a moment: once `idle` has been asked and
+        # found it not yet due, it is asked again when it is, and the dispatcher's wait ends
+        # by then.
+        await pool.execute(
+            "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
+            "VALUES ($1, $2, 'manual', 'idle', 3, $2)",
+            sid,
+            EPOCH + timedelta(seconds=0.5),
+        )
+        workers.notify()
+        await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
         asked.clear()
-        await workers.seconds_until_work()
+        await workers.claim()
+        assert asked[0] == "idle"  # nothing available yet: left out until it is
+        assert 0 < await workers.seconds_until_work() <= 0.5
+        asked.clear()
+        await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
+        await workers.claim()
+        assert "idle" not in asked
+
+        async def due_again() -> bool:
+            return time.monotonic() >= workers._drained["idle"]
+
+        await wait_until(due_again, timeout=5, what="the idle run's moment")
+        asked.clear()
         await wait_until(lambda: _free(workers), timeout=10, what="a slot to free")
         await workers.claim()
         assert asked[0] == "idle"

@@ -263,6 +263,11 @@ def request_headers(
 
 
 async def _read_limited(response: aiohttp.ClientResponse, provider: str) -> bytes:
+    length = response.content_length
+    if length is not None and length <= MAX_RESPONSE_BYTES:
+        # The usual answer: its length is known and within bounds (aiohttp reads exactly
+        # that much), so one read rather than a loop over chunks.
+        return await response.read()
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_chunked(64 * 1024):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -63,10 +64,11 @@ class WorkerPool:
         self.finalizer = Finalizer(pool, clock, self.worker_id)
         self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
-        # Providers whose last claim found nothing more to take: not asked again until new
-        # work may have come (a NOTIFY, or the dispatcher's own wait ran out). A claim of the
-        # unused `echo` ran beside every claim of a busy provider, one round trip each.
-        self._drained: set[str] = set()
+        # Providers whose last claim took all they had, and when (monotonic) their next run
+        # becomes available (max_sleep ahead when none is pending): not asked again before
+        # then unless a NOTIFY says runs were written. A claim of the unused `echo` ran beside
+        # every claim of a busy provider, one round trip each.
+        self._drained: dict[str, float] = {}
         self.claiming = True
         self._blocked_backoff = 0.0
         # Attempts whose executor is running. An attempt whose final write is queued still
@@ -109,7 +111,7 @@ class WorkerPool:
         started = 0
         for provider, limiter in self.limiters.items():
             want = min(self._free_slots(), limiter.available())
-            if want <= 0 or provider in self._drained:
+            if want <= 0 or self._drained.get(provider, 0.0) > time.monotonic():
                 continue
             if limiter.fleet:
                 rows = await self.fleet.claim(provider, want, self.worker_id, self.heartbeat.lease)
@@ -124,7 +126,9 @@ class WorkerPool:
                 )
             self._count_claim(rows)
             if len(rows) < want and rows.claimable <= len(rows):
-                self._drained.add(provider)  # it took all there was (nothing held by others)
+                await self._drain(provider)  # it took all there was (none held by others)
+            else:
+                self._drained.pop(provider, None)
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
@@ -148,6 +152,14 @@ class WorkerPool:
         self._update_slot_gauge()
         return started
 
+    async def _drain(self, provider: str) -> None:
+        """Leave ``provider`` out of the claims until its next pending run is available."""
+        ahead = await queries.run_seconds_until_available(
+            self.pool, self.clock.sql_now(), [provider]
+        )
+        wait = self.max_sleep.total_seconds() if ahead is None else max(0.0, ahead)
+        self._drained[provider] = time.monotonic() + wait
+
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
         by another claimer (SKIP LOCKED passed them over), whatever it got besides; a run
@@ -159,12 +171,19 @@ class WorkerPool:
         cap = self.max_sleep.total_seconds()
         if self._free_slots() <= 0:
             return cap  # a finishing attempt wakes us
-        # Nothing was claimed with slots free: the next claim, after this wait, asks every
-        # provider again (runs due later, a retry, another replica's release, none of which
-        # sends a NOTIFY this process hears in time).
-        self._drained.clear()
-        ready = [p for p, limiter in self.limiters.items() if limiter.available() > 0]
-        rate_waits = [limiter.seconds_until_available() for limiter in self.limiters.values()]
+        now = time.monotonic()
+        ready = [
+            p
+            for p, limiter in self.limiters.items()
+            if limiter.available() > 0 and self._drained.get(p, 0.0) <= now
+        ]
+        rate_waits = [  # a provider at its limit: until its next permit or rate token
+            limiter.seconds_until_available()
+            for limiter in self.limiters.values()
+            if limiter.available() <= 0
+        ]
+        # A provider left out of the claims is asked again when its next run is available.
+        cap = min([cap, *(until - now for until in self._drained.values() if until > now)])
         if not ready:
             return max(0.0, min([cap, *rate_waits]))
         if self.fleet.waits:  # a fleet-wide limit held a provider's last claim back
