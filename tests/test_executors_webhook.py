@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from promptsched import netguard
-from promptsched.errors import ExecutorError, PermanentError, RetryableError
+from promptsched.errors import ExecutorError, PermanentError, RetryableError, Throttled
 from promptsched.executors import webhook_provider
 from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.settings import ProviderSettings
@@ -151,7 +151,7 @@ async def test_non_string_output_field_is_an_invalid_response(
         (fake_server.status(500, "boom"), RetryableError, "hook: HTTP 500 Internal Server Error"),
         (
             fake_server.rate_limited("4"),
-            RetryableError,
+            Throttled,  # "not now": waits as asked, spends no attempt (docs/providers.md)
             "hook: HTTP 429 Too Many Requests (retry after 4s): Rate limit reached",
         ),
         (fake_server.status(422, "bad shape"), PermanentError, "hook: HTTP 422 Unprocessable"),
