@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +21,6 @@ from promptsched.store import pool as pools
 from promptsched.store import queries
 
 EPOCH = datetime.fromisoformat("2026-03-02T09:00:00+00:00")
-_NAMES = itertools.count(1)
 
 
 async def schedule(
@@ -44,7 +42,8 @@ async def schedule(
     notify: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> int:
-    """A schedule; without ``name``, ``test-N`` (names are unique per owner)."""
+    """A schedule row (named ``test`` unless ``name`` says otherwise: a row written here is
+    not registered in schedule_names, the ops layer's guard of unique names)."""
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
         "overlap_policy, enabled, next_fire_at, timezone, misfire_policy, output_schema, "
@@ -64,7 +63,7 @@ async def schedule(
         output_schema,
         notify_when,
         notify or {},
-        name or f"test-{next(_NAMES)}",
+        name or "test",
     )
     return sid
 

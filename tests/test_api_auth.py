@@ -87,7 +87,9 @@ async def world(api: Api, pool: asyncpg.Pool[Any]) -> World:
     root = await api.token("root", admin=True)
     schedule = (await api.post("/v1/schedules", alice, json=SCHEDULE)).body["id"]
     failing = await api.post(
-        "/v1/schedules", alice, json={**SCHEDULE, "max_attempts": 1, "params": {"fail_attempts": 5}}
+        "/v1/schedules",
+        alice,
+        json={**SCHEDULE, "name": "failing", "max_attempts": 1, "params": {"fail_attempts": 5}},
     )
     dead = (await api.post(f"/v1/schedules/{failing.body['id']}/trigger", alice)).body["id"]
     done = (await api.post(f"/v1/schedules/{schedule}/trigger", alice)).body["id"]

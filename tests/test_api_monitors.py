@@ -23,7 +23,7 @@ async def test_a_monitor_is_saved_shown_and_changed(api: Api, alice: dict[str, s
     patched = await api.patch(f"/v1/schedules/{sid}", alice, json={"notify_when": "changed"})
     assert patched.status == 200 and patched.body["notify_when"] == "changed"
     assert patched.body["output_schema"] == STATUS
-    plain = await api.post("/v1/schedules", alice, json=SCHEDULE)
+    plain = await api.post("/v1/schedules", alice, json={**SCHEDULE, "name": "plain"})
     assert (plain.body["output_schema"], plain.body["notify_when"]) == (None, "always")
     # Dropping the schema of a schedule whose condition reads it is refused.
     dropped = await api.patch(

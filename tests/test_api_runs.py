@@ -3,6 +3,7 @@ with attempts, cancel (pending at once, running cooperatively), replay, dead let
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import anyio
@@ -13,9 +14,13 @@ from tests import api_support, factories
 from tests.api_support import SCHEDULE, Api
 from tests.helpers import wait_until
 
+_NAMES = itertools.count(1)
+
 
 async def _schedule(api: Api, who: dict[str, str], **fields: Any) -> int:
-    reply = await api.post("/v1/schedules", who, json={**SCHEDULE, **fields})
+    """A schedule named after its id to come (names are unique per owner)."""
+    named = {"name": f"runs {next(_NAMES)}"}
+    reply = await api.post("/v1/schedules", who, json={**SCHEDULE, **named, **fields})
     assert reply.status == 201, reply.body
     return int(reply.body["id"])
 

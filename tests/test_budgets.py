@@ -107,8 +107,8 @@ async def test_an_owner_budget_holds_over_all_its_schedules(
     assert set_.status == 200, set_.body
     assert set_.body["budget"] == {"cost_per_month": 0.03}
     sids = []
-    for _ in range(2):
-        body = {"name": "n", "cron": "0 9 * * *", "prompt": PROMPT,
+    for i in range(2):
+        body = {"name": f"n{i}", "cron": "0 9 * * *", "prompt": PROMPT,
                 "notify": {"email": ["alice@example.com"]}}  # fmt: skip
         created = await api.post("/v1/schedules", alice, json=body)
         assert created.status == 201, created.body

@@ -3,6 +3,7 @@ role that serves it."""
 
 from __future__ import annotations
 
+import errno
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -32,7 +33,13 @@ from promptsched.api.handlers import (
 )
 from promptsched.api.http import ApiError, Operation, endpoint
 from promptsched.clock import Clock
-from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
+from promptsched.errors import (
+    ConfigError,
+    NotFound,
+    StateConflict,
+    ValidationError,
+    VersionConflict,
+)
 from promptsched.metrics import Metrics
 from promptsched.ops import fleet as fleet_ops
 from promptsched.ops import validate
@@ -208,6 +215,23 @@ def build(
     return app
 
 
+_LISTEN_WORDS = {
+    errno.EADDRINUSE: "is in use (another promptsched, or another program)",
+    errno.EACCES: "needs privileges this user does not have (ports below 1024)",
+    errno.EADDRNOTAVAIL: "is not an address of this machine",
+}
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """Why the API cannot listen, and what to do, in the words of the settings."""
+    why = _LISTEN_WORDS.get(exc.errno or 0, exc.strerror or str(exc))
+    return ConfigError(
+        "PROMPTSCHED_HTTP_PORT",
+        f"cannot listen on {host}:{port}: it {why}; stop what holds it, or choose another port "
+        "with --http-port N or PROMPTSCHED_HTTP_PORT (0 picks a free one)",
+    )
+
+
 class ApiServer:
     """Serves the app on host:port (port 0 picks a free one and logs it)."""
 
@@ -222,7 +246,10 @@ class ApiServer:
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                raise listen_error(self.host, self.port, exc) from None
             server = site._server
             assert server is not None
             sockets = getattr(server, "sockets", None) or []

@@ -5,14 +5,17 @@ service URL and token are configured (remote mode), else through the database (d
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
 import asyncpg
 
 from promptsched import config as configuration
-from promptsched import errors
+from promptsched import errors, logs
 from promptsched.cli import (
     backend,
     budget,
@@ -31,7 +34,7 @@ from promptsched.errors import PromptschedError, SchemaMismatch, ValidationError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = common.Parser(
         prog="promptsched",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -61,15 +64,86 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's own parser, once (an alias names the same parser)."""
     children = completion.subcommands(parser)
     if not children:
         return [parser]
-    return [leaf for child in children.values() for leaf in _leaves(child)]
+    unique = {id(child): child for child in children.values()}.values()
+    return [leaf for child in unique for leaf in _leaves(child)]
 
 
 def _fail(message: str, code: int) -> int:
     print(f"promptsched: error: {message}", file=sys.stderr)
     return code
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The error itself, out of the task groups it crossed (the service's roles run in one:
+    a port in use reaches here wrapped in an ExceptionGroup)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = next((e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)),
+                   exc.exceptions[0])  # fmt: skip
+    return exc
+
+
+def _report(exc: BaseException) -> int:
+    """One line for an error a user can cause, with its exit code; anything else is a bug of
+    ours and raises."""
+    match exc:
+        case errors.VersionConflict():  # worded as the API words it
+            return _fail(f"version: {exc}", common.EXIT_OTHER)
+        case ValidationError():
+            return _fail(f"{exc.field}: {exc.message}", common.EXIT_BAD_INPUT)
+        case SchemaMismatch():
+            return _fail(str(exc), common.EXIT_SCHEMA)
+        case errors.NotFound():
+            return _fail(str(exc), common.EXIT_NOT_FOUND)
+        case common.CliError():
+            return _fail(str(exc), exc.code)
+        case BrokenPipeError():
+            return _quiet_stdout()
+        case asyncpg.ClientConfigurationError():
+            return _fail(f"{DATABASE_URL}: not a Postgres URL; write it as "
+                         "postgresql://USER@HOST:5432/DATABASE", common.EXIT_BAD_INPUT)  # fmt: skip
+        case OSError() if _unreachable(exc):
+            return _fail(f"cannot connect to the database ({_connect_words(exc)}): is Postgres "
+                         f"running, and is {DATABASE_URL} (or --database-url) right?",
+                         common.EXIT_OTHER)  # fmt: skip
+        case PromptschedError() | OSError() | asyncpg.PostgresError():
+            return _fail(str(exc) or type(exc).__name__, common.EXIT_OTHER)
+        case KeyboardInterrupt():
+            return 130
+    raise exc
+
+
+DATABASE_URL = configuration.env_name("database_url")
+_UNREACHABLE = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
+                errno.ENETUNREACH: "network unreachable", errno.ETIMEDOUT: "timed out",
+                errno.ENOENT: "no server socket there"}  # fmt: skip
+
+
+def _unreachable(exc: OSError) -> bool:
+    """A connection that could not be made (in direct mode the only one is the database's;
+    remote mode words its own). asyncpg joins several addresses' failures in one OSError."""
+    return (isinstance(exc, socket.gaierror | TimeoutError) or exc.errno in _UNREACHABLE
+            or "Connect call failed" in str(exc))  # fmt: skip
+
+
+def _connect_words(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return "no such host"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return _UNREACHABLE.get(exc.errno or 0, "connection refused")
+
+
+def _quiet_stdout() -> int:
+    """The reader of our output went away (``| head -1``): not an error. Whatever is left in
+    the buffer goes nowhere, so the exit flush cannot fail either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> int:
@@ -78,24 +152,16 @@ def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> in
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    if args.command != "run":
+        logs.configure("warning", "console")  # a command's own output is its words, not logs
     try:
         args.clock = clock or common.pinned_clock(os.environ)
         config = configuration.load(overrides=overrides)
-        return int(args.func(args, config))
-    except errors.VersionConflict as exc:  # worded as the API words it
-        return _fail(f"version: {exc}", common.EXIT_OTHER)
-    except ValidationError as exc:
-        return _fail(f"{exc.field}: {exc.message}", common.EXIT_BAD_INPUT)
-    except SchemaMismatch as exc:
-        return _fail(str(exc), common.EXIT_SCHEMA)
-    except errors.NotFound as exc:
-        return _fail(str(exc), common.EXIT_NOT_FOUND)
-    except common.CliError as exc:
-        return _fail(str(exc), exc.code)
-    except (PromptschedError, OSError, asyncpg.PostgresError) as exc:
-        return _fail(str(exc), common.EXIT_OTHER)
-    except KeyboardInterrupt:
-        return 130
+        code = int(args.func(args, config))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BaseException as exc:  # every error a user can cause becomes one line
+        return _report(_leaf(exc))
 
 
 if __name__ == "__main__":

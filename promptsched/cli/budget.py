@@ -13,6 +13,7 @@ from promptsched import config as configuration
 from promptsched.cli import backend, render
 from promptsched.cli.backend import Backend
 from promptsched.errors import ValidationError
+from promptsched.web import auth
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:
@@ -30,7 +31,14 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
         print(f"{'':<17} {budgets.standing_words(row)}")
 
 
+def _check_owner(args: argparse.Namespace) -> None:
+    if args.owner is not None:
+        auth.check_owner(args.owner, "--owner")
+
+
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
+    _check_owner(args)
+
     async def action(api: Backend) -> int:
         _print(await api.get_budget(args.owner), args.json)
         return 0
@@ -39,6 +47,7 @@ def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
 
 
 def cmd_set(args: argparse.Namespace, config: configuration.Config) -> int:
+    _check_owner(args)
     if not args.limits:
         raise ValidationError("limits", "give at least one LIMIT=VALUE (or `budget clear`)")
     budget = budgets.parse_flags(args.limits, field="limits") or {}
@@ -51,6 +60,8 @@ def cmd_set(args: argparse.Namespace, config: configuration.Config) -> int:
 
 
 def cmd_clear(args: argparse.Namespace, config: configuration.Config) -> int:
+    _check_owner(args)
+
     async def action(api: Backend) -> int:
         _print(await api.set_budget(args.owner, {}), args.json)
         return 0

@@ -4,11 +4,12 @@ CLI errors with exit codes, instants from flags, and human tables."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 import anyio
 import asyncpg
@@ -24,6 +25,49 @@ Command: TypeAlias = "Callable[[asyncpg.Connection[Any]], Awaitable[int]]"
 
 EXIT_OTHER, EXIT_BAD_INPUT, EXIT_SCHEMA, EXIT_NOT_FOUND = 1, 2, 3, 4
 NOW_ENV = "PROMPTSCHED_CLI_NOW"
+
+
+class Parser(argparse.ArgumentParser):
+    """The command line's parser: a mistake is said in two lines (what is wrong, where the
+    help is), not with the whole usage block; its subcommands' parsers are Parsers too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_plain(message)}\n"
+                                  f"  ({self.prog} --help says what it takes)\n")  # fmt: skip
+
+
+_COMMAND = re.compile(r"\b(?:\w+_)?command\b|\{[\w,-]+\}")
+_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+def _plain(message: str) -> str:
+    """argparse's words made ours: no internal names (``notifications_command``)."""
+    message = _COMMAND.sub("COMMAND", message)
+    found = _CHOICE.fullmatch(message)
+    if found is None:
+        return message.replace("required: COMMAND", "required: COMMAND (one of the commands)")
+    what, given, choices = found.groups()
+    return f"{given!r} is not a {what.lower()} here; choose from {choices.replace(chr(39), '')}"
+
+
+def number(what: str) -> Callable[[str], int]:
+    """An argparse type for an id: a positive whole number, or a two-word error naming it."""
+
+    def parse(text: str) -> int:
+        if not text.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"a {what} is a number, e.g. 42; got {text[:40]!r}")
+        return int(text)
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def whole(text: str) -> int:
+    """An argparse type for a count: a whole number (``--limit 10``)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text[:40]!r}") from None
 
 
 class CliError(Exception):

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched.cli import backend, render
+from promptsched.cli import backend, common, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import now_of, table, table_text
 from promptsched.errors import ValidationError
@@ -174,7 +174,7 @@ def register(sub: Any) -> None:
     add.add_argument("--give-up-after", metavar="DUR", help="how long a check may stay throttled")
     add.add_argument("--fallback", action="append", metavar="NAME[:MODEL]",
                      help="a provider to try next (repeatable, in order)")  # fmt: skip
-    add.add_argument("--max-checks", type=int, metavar="N")
+    add.add_argument("--max-checks", type=common.whole, metavar="N")
     add.add_argument("--horizon", help="no check after this: a duration after the first, or ISO")
     add.add_argument("--resolution", metavar="DUR", help="round every check up (15m)")
     add.add_argument("--email", action="append", metavar="ADDR", help="notify (repeatable)")
@@ -182,14 +182,14 @@ def register(sub: Any) -> None:
         "--escalate-email", action="append", metavar="ADDR",
         help="after --escalate-after unresolved checks, notify this address",
     )  # fmt: skip
-    add.add_argument("--escalate-after", type=int, metavar="N")
+    add.add_argument("--escalate-after", type=common.whole, metavar="N")
     add.set_defaults(func=cmd_add)
     show = commands.add_parser("show", help="a follow-up with every check and decision")
     show.add_argument("key")
     show.set_defaults(func=cmd_show)
     listing = commands.add_parser("list", help="your follow-ups, newest first")
     listing.add_argument("--state", choices=followup_ops.STATES)
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=common.whole, default=100)
     listing.set_defaults(func=cmd_list)
     cancel = commands.add_parser("cancel", help="cancel by key (again: nothing changes)")
     cancel.add_argument("key")

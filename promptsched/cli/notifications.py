@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched.cli import backend
+from promptsched.cli import backend, common
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import table
 from promptsched.errors import ValidationError
@@ -49,11 +49,13 @@ def cmd_replay(args: argparse.Namespace, config: configuration.Config) -> int:
 def register(sub: Any) -> None:
     parser = sub.add_parser("notifications", help="dead notifications: list and replay")
     commands = parser.add_subparsers(dest="notifications_command", required=True)
-    dead = commands.add_parser("dead", help="notifications that ran out of attempts")
-    dead.add_argument("--limit", type=int, default=100)
+    dead = commands.add_parser(
+        "list", aliases=["dead"], help="dead notifications: those that ran out of attempts"
+    )
+    dead.add_argument("--limit", type=common.whole, default=100)
     dead.add_argument("--json", action="store_true")
     dead.set_defaults(func=cmd_dead)
     replay = commands.add_parser("replay", help="owe a dead notification again")
-    replay.add_argument("id", type=int)
+    replay.add_argument("id", type=common.number("notification id"))
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(func=cmd_replay)

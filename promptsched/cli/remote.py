@@ -4,6 +4,7 @@ as the token's owner with the token's rights."""
 
 from __future__ import annotations
 
+import errno
 import json
 import stat
 import tomllib
@@ -80,7 +81,11 @@ def target(flag_url: str | None, flag_token: str | None, env: Mapping[str, str])
         raise CliError(f"a service URL but no token: set {TOKEN_ENV} or pass --token")
     if not url.startswith(("http://", "https://")):
         raise CliError(f"--url: must start with http:// or https://, got {url[:60]!r}")
-    return Target(url.rstrip("/"), token.strip())
+    # The API's routes are under /v1 of the base address; a URL given with it means the same.
+    return Target(url.rstrip("/").removesuffix("/v1"), token.strip())
+
+
+NOT_API = "the server answered HTTP {status} without an API error"
 
 
 class ApiProblem(CliError):
@@ -91,11 +96,53 @@ class ApiProblem(CliError):
         if isinstance(error, dict):
             field, message = error.get("field"), str(error.get("message"))
         else:  # not the API's own answer: a proxy or another server
-            field, message = None, f"the server answered HTTP {status} without an API error"
+            field, message = None, NOT_API.format(status=status)
         text = f"{field}: {message}" if field else message
         code = {400: EXIT_BAD_INPUT, 422: EXIT_BAD_INPUT, 404: EXIT_NOT_FOUND}.get(status)
         super().__init__(text, code or EXIT_OTHER)
         self.status = status
+        # The API names what it did not find ("schedule 7 not found"); a bare "Not Found",
+        # or another server's page, means no such route.
+        self.route_unknown = status == 404 and (
+            not isinstance(error, dict) or message == "Not Found"
+        )
+
+
+def _connect_words(exc: aiohttp.ClientError) -> str:
+    """A connection failure in words of our own (aiohttp's quote its internals)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "no such host"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate is not trusted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed (is it https at all?)"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        refused = exc.os_error.errno == errno.ECONNREFUSED
+        return "nothing listens there (connection refused)" if refused else "no connection"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
+        return "the connection was closed before an answer came"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer broke off"
+    return "a network error"
+
+
+def unreachable(url: str, exc: aiohttp.ClientError, what: str = "cannot reach") -> CliError:
+    """The service cannot be reached: why, and what to check."""
+    return CliError(
+        f"{what} {url}: {_connect_words(exc)}; is the service running, and is {URL_ENV} (or "
+        "--url) its address?",
+        EXIT_OTHER,
+    )
+
+
+def _explained(problem: ApiProblem, url: str, path: str) -> ApiProblem:
+    """A 404 for a route (not for a resource) means the URL does not lead to the API."""
+    if problem.status == 404 and problem.route_unknown:
+        problem.args = (
+            f"{url}{path} is not a promptsched API route: {URL_ENV} (or --url) must be the "
+            "service's base address, e.g. http://127.0.0.1:8080 (without /v1)",
+        )
+    return problem
 
 
 def _json(text: str) -> Any:
@@ -163,8 +210,10 @@ class RemoteBackend:
                 if response.status >= 400:
                     raise ApiProblem(response.status, data)
                 return response.status, data
+        except ApiProblem as exc:
+            raise _explained(exc, self.where.url, path) from None
         except aiohttp.ClientError as exc:
-            raise CliError(f"cannot reach {self.where.url}: {exc}", EXIT_OTHER) from None
+            raise unreachable(self.where.url, exc) from None
         except TimeoutError:
             raise CliError(
                 f"{self.where.url} did not answer within {TIMEOUT.total:.0f} s", EXIT_OTHER
@@ -308,7 +357,7 @@ class RemoteBackend:
                         if kind == "done":
                             return
             except aiohttp.ClientError as exc:
-                raise CliError(f"the event stream broke: {exc}", EXIT_OTHER) from None
+                raise unreachable(self.where.url, exc, "the event stream broke") from None
 
     # Notifications and preview
     async def dead_notifications(self, limit: int) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from promptsched import config as configuration
-from promptsched.cli import backend, lookup, render
+from promptsched.cli import backend, common, lookup, render
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import now_of, table
 from promptsched.domain import RunStatus
@@ -52,9 +52,8 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
                 key, status=args.status, limit=args.limit, owner=args.owner
             )
         else:
-            data = await api.list_runs(
-                schedule_id=args.schedule, status=args.status, limit=args.limit
-            )
+            sid = None if args.schedule is None else await lookup.schedule_id(api, args.schedule)
+            data = await api.list_runs(schedule_id=sid, status=args.status, limit=args.limit)
         if args.json:
             print(json.dumps(data))
             return 0
@@ -199,11 +198,11 @@ def register(sub: Any) -> None:
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_sub.add_parser("list", help="list runs, newest first")
     whose = runs_list.add_mutually_exclusive_group()
-    whose.add_argument("--schedule", type=int, metavar="ID")
+    whose.add_argument("--schedule", metavar="SCHEDULE", help="its id or name")
     whose.add_argument("--followup", metavar="KEY", help="a follow-up's runs (its checks)")
     runs_list.add_argument("--owner", help="whose --followup (direct mode only; default `default`)")
     runs_list.add_argument("--status", choices=schemas.RUN_STATUSES)
-    runs_list.add_argument("--limit", type=int, default=100)
+    runs_list.add_argument("--limit", type=common.whole, default=100)
     runs_list.add_argument("--json", action="store_true")
     runs_list.set_defaults(func=cmd_list)
     for name, func, help_text in (
@@ -213,7 +212,7 @@ def register(sub: Any) -> None:
         ("watch", cmd_watch, "follow a run's live progress until it ends"),
     ):
         cmd = runs_sub.add_parser(name, help=help_text)
-        cmd.add_argument("id", type=int)
+        cmd.add_argument("id", type=common.number("run id"))
         cmd.add_argument("--json", action="store_true")
         cmd.set_defaults(func=func)
     diff = runs_sub.add_parser(

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from promptsched import budgets
+from promptsched.cli import common
 from promptsched.errors import ValidationError
 from promptsched.ops import inputs, notify_targets
 
@@ -161,11 +162,13 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     cmd.add_argument("--provider", default="echo" if creating else None)
     cmd.add_argument("--model")
     cmd.add_argument("--misfire", choices=inputs.MISFIRE_POLICIES)
-    cmd.add_argument("--misfire-cap", type=int, metavar="N", help="most runs run_all makes")
+    cmd.add_argument(
+        "--misfire-cap", type=common.whole, metavar="N", help="most runs run_all makes"
+    )
     cmd.add_argument("--misfire-grace", metavar="DUR", help="a slot this late is still on time")
     cmd.add_argument("--catchup-window", metavar="DUR", help="older slots are never run")
     cmd.add_argument("--overlap", help="skip, allow, buffer_one, buffer_all, cancel_other")
-    cmd.add_argument("--max-attempts", type=int)
+    cmd.add_argument("--max-attempts", type=common.whole)
     cmd.add_argument("--timeout", metavar="DUR")
     cmd.add_argument(
         "--give-up-after",
@@ -186,7 +189,7 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     cmd.add_argument("--dst-fold", choices=("first", "both"))
     cmd.add_argument(
         "--pause-after-failures",
-        type=int,
+        type=common.whole,
         metavar="N",
         help="pause after N consecutive dead runs" + ("" if creating else " (0: never)"),
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from promptsched import config as configuration
 from promptsched import errors
-from promptsched.cli import backend, render, schedule_flags
+from promptsched.cli import backend, common, lookup, render, schedule_flags
 from promptsched.cli.backend import Backend
 from promptsched.cli.common import CliError, instant, now_of, table
 from promptsched.errors import ValidationError
@@ -19,6 +19,7 @@ from promptsched.human import schedules as human_schedules
 from promptsched.human import times
 from promptsched.web import auth
 
+SCHEDULE_HELP = "its id, or its name (unique per owner)"
 OWNER_HELP = (
     "direct mode only: the owner the new schedule belongs to (default: 'default'); "
     "in remote mode a schedule belongs to the token's owner"
@@ -84,7 +85,8 @@ def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
         raise ValidationError("edit", "nothing to change: give at least one field flag")
 
     async def action(api: Backend) -> int:
-        current = await api.get_schedule(args.id)
+        sid = await lookup.schedule_id(api, args.schedule)
+        current = await api.get_schedule(sid)
         if args.param or args.unset_param:
             params = {**(current.get("params") or {}), **schedule_flags.params(args.param)}
             for key in args.unset_param:
@@ -94,7 +96,7 @@ def cmd_edit(args: argparse.Namespace, config: configuration.Config) -> int:
         if notify is not None:
             patch["notify"] = notify
         version = args.version if args.version is not None else current["version"]
-        data = await api.update_schedule(args.id, patch, version)
+        data = await api.update_schedule(sid, patch, version)
         _print_schedule(args, data, "updated ")
         return 0
 
@@ -106,7 +108,8 @@ def cmd_pause(args: argparse.Namespace, config: configuration.Config) -> int:
         instant(args.until, "--until")
 
     async def action(api: Backend) -> int:
-        _print_schedule(args, await api.pause_schedule(args.id, args.until, args.reason))
+        sid = await lookup.schedule_id(api, args.schedule)
+        _print_schedule(args, await api.pause_schedule(sid, args.until, args.reason))
         return 0
 
     return backend.run(args, config, action)
@@ -117,7 +120,8 @@ def cmd_resume(args: argparse.Namespace, config: configuration.Config) -> int:
     never in the past (slots missed meanwhile are the misfire policy's, and said so)."""
 
     async def action(api: Backend) -> int:
-        _print_schedule(args, await api.resume_schedule(args.id))
+        sid = await lookup.schedule_id(api, args.schedule)
+        _print_schedule(args, await api.resume_schedule(sid))
         return 0
 
     return backend.run(args, config, action)
@@ -125,7 +129,8 @@ def cmd_resume(args: argparse.Namespace, config: configuration.Config) -> int:
 
 def cmd_show(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
-        data = await api.get_schedule(args.id)
+        sid = await lookup.schedule_id(api, args.schedule)
+        data = await api.get_schedule(sid)
         print(json.dumps(data) if args.json else render.schedule_details(data, now_of(args)))
         return 0
 
@@ -161,8 +166,14 @@ def cmd_list(args: argparse.Namespace, config: configuration.Config) -> int:
 
 def cmd_trigger(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
-        data = await api.trigger_schedule(args.id)
-        print(json.dumps(data) if args.json else f"triggered run {data['id']} ({data['status']})")
+        sid = await lookup.schedule_id(api, args.schedule)
+        data = await api.trigger_schedule(sid)
+        if args.json:
+            print(json.dumps(data))
+            return 0
+        named = (await lookup.names(api, [sid]))[sid].words
+        print(f"triggered run {data['id']} of {named} ({data['status']}); "
+              f"promptsched runs watch {data['id']} follows it")  # fmt: skip
         return 0
 
     return backend.run(args, config, action)
@@ -173,7 +184,8 @@ def cmd_backfill(args: argparse.Namespace, config: configuration.Config) -> int:
     instant(args.end, "--end")
 
     async def action(api: Backend) -> int:
-        data = await api.backfill_schedule(args.id, args.start, args.end)
+        sid = await lookup.schedule_id(api, args.schedule)
+        data = await api.backfill_schedule(sid, args.start, args.end)
         data = {**data, "slots": [run["slot"] for run in data["runs"]]}
         print(json.dumps(data) if args.json else f"created {data['created']} backfill runs")
         return 0
@@ -183,12 +195,13 @@ def cmd_backfill(args: argparse.Namespace, config: configuration.Config) -> int:
 
 def cmd_delete(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
-        await api.delete_schedule(args.id)
+        sid = await lookup.schedule_id(api, args.schedule)
+        await api.delete_schedule(sid)
         print(
-            json.dumps({"deleted": args.id})
+            json.dumps({"deleted": sid})
             if args.json
-            else f"deleted schedule {args.id} and its runs; its change history stays "
-            f"(promptsched schedules history {args.id})"
+            else f"deleted schedule {sid} and its runs; its change history stays "
+            f"(promptsched schedules history {sid})"
         )
         return 0
 
@@ -209,11 +222,12 @@ def cmd_history(args: argparse.Namespace, config: configuration.Config) -> int:
         raise ValidationError("--limit", "must be between 1 and 10000")
 
     async def action(api: Backend) -> int:
-        data = await api.schedule_history(args.id, args.limit)
+        sid = await lookup.schedule_id(api, args.schedule)
+        data = await api.schedule_history(sid, args.limit)
         if args.json:
             print(json.dumps(data))
             return 0
-        zone, now = await _zone(api, args.id), now_of(args)
+        zone, now = await _zone(api, sid), now_of(args)
         table(
             [{**c, "when": times.when(c["at"], zone, now), "words": render.change_words(c)}
              for c in data],
@@ -226,7 +240,8 @@ def cmd_history(args: argparse.Namespace, config: configuration.Config) -> int:
 
 def cmd_explain(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
-        data = await api.explain(args.id, args.at)
+        sid = await lookup.schedule_id(api, args.schedule)
+        data = await api.explain(sid, args.at)
         if args.json:
             print(json.dumps(data))
             return 0
@@ -254,12 +269,12 @@ def _register_add_edit(schedules_sub: Any) -> None:
     edit = schedules_sub.add_parser(
         "edit", help="change a schedule's fields (fails if it changed since it was read)"
     )
-    edit.add_argument("id", type=int)
+    edit.add_argument("schedule", help=SCHEDULE_HELP)
     schedule_flags.add_field_flags(edit, creating=False)
     edit.add_argument("--unset-param", action="append", default=[], metavar="KEY")
     edit.add_argument(
         "--version",
-        type=int,
+        type=common.whole,
         help="change only if the schedule is still at this version (default: the one read)",
     )
     edit.set_defaults(func=cmd_edit)
@@ -280,7 +295,7 @@ def register(sub: Any) -> None:
         ("explain", cmd_explain, "why the schedule did (or will) fire or not at an instant"),
     ):
         cmd = schedules_sub.add_parser(name, help=help_text)
-        cmd.add_argument("id", type=int)
+        cmd.add_argument("schedule", help=SCHEDULE_HELP)
         cmd.add_argument("--json", action="store_true")
         cmd.set_defaults(func=func)
         if name == "pause":
@@ -290,7 +305,7 @@ def register(sub: Any) -> None:
             cmd.add_argument("--start", required=True, help="ISO-8601 with offset")
             cmd.add_argument("--end", required=True, help="ISO-8601 with offset")
         if name == "history":
-            cmd.add_argument("--limit", type=int, default=100)
+            cmd.add_argument("--limit", type=common.whole, default=100)
         if name == "explain":
             cmd.add_argument(
                 "--at",
@@ -304,6 +319,6 @@ def register(sub: Any) -> None:
         "--owner", help="only this owner's (direct mode and admin tokens see every owner's)"
     )
     listing.add_argument("--name", help="a case-insensitive substring of the name")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=common.whole, default=100)
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=cmd_list)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from typing import Any
 
 import anyio
@@ -11,7 +12,8 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import logs
-from promptsched.cli import backend, direct, remote
+from promptsched.api import app as api_app
+from promptsched.cli import backend, common, direct, remote
 from promptsched.cli.common import database, instant, run_async, with_conn
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
@@ -22,6 +24,8 @@ def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
     from promptsched.supervisor import Supervisor
 
     logs.configure(config.log_level, config.resolved_log_format())
+    if "api" in config.roles and config.http_port:
+        _check_port(config.http_host, config.http_port)
     with database(config, announce=True, create=True) as dsn:
 
         async def main() -> int:
@@ -29,6 +33,22 @@ def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
             return 0
 
         return run_async(main)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Say at once, before the database starts, that the API's port is taken (the real bind
+    says the same if it is taken meanwhile)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # the bind names a bad host itself
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise api_app.listen_error(host, port, exc) from None
 
 
 def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
@@ -94,7 +114,7 @@ def register_preview(sub: Any) -> None:
     preview.add_argument("expression", help="cron line, @macro, RRULE, 'every 15m' or 'at ISO'")
     preview.add_argument("--tz", default="UTC")
     preview.add_argument("--from", dest="start", help="ISO-8601 instant (default: now)")
-    preview.add_argument("--count", type=int, default=10)
+    preview.add_argument("--count", type=common.whole, default=10)
     preview.add_argument("--dst-gap", default="shift", choices=("shift", "skip"))
     preview.add_argument("--dst-fold", default="first", choices=("first", "both"))
     preview.add_argument("--json", action="store_true")

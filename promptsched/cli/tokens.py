@@ -11,6 +11,7 @@ import asyncpg
 
 from promptsched import config as configuration
 from promptsched import errors
+from promptsched.cli import common
 from promptsched.cli.common import db_command, now_of, table
 from promptsched.human import times
 from promptsched.ops import views
@@ -96,6 +97,6 @@ def register(sub: Any) -> None:
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=cmd_list)
     revoke = tokens_sub.add_parser("revoke", help="revoke a token at once")
-    revoke.add_argument("id", type=int)
+    revoke.add_argument("id", type=common.number("token id"))
     revoke.add_argument("--json", action="store_true")
     revoke.set_defaults(func=cmd_revoke)

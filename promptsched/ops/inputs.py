@@ -99,6 +99,19 @@ def _choice(raw: Mapping[str, Any], key: str, default: str, choices: Collection[
     return str(value)
 
 
+def _provider(raw: Mapping[str, Any], providers: Collection[str]) -> str:
+    """A provider this server has: they are configured on the server, never in a request."""
+    value = raw.get("provider", "echo")
+    if value in providers:
+        return str(value)
+    shown = f"{str(value)[:60]!r}" if isinstance(value, str) else "not a name"
+    raise ValidationError(
+        "provider",
+        f"this server has no provider {shown} (it has: {', '.join(providers)}); providers are "
+        "set up on the server with PROMPTSCHED_PROVIDERS, see docs/providers.md",
+    )
+
+
 def _zone_name(raw: Mapping[str, Any]) -> str:
     """The schedule's zone: UTC when absent; an empty one is an error, not UTC."""
     zone = _text(raw, "timezone", limit=100, required=False)
@@ -142,7 +155,7 @@ def validate(
     prompt = _text(raw, "prompt", limit=MAX_PROMPT)
     assert name is not None and prompt is not None
     template.validate(prompt, field="prompt", extra=template_vars)
-    provider = _choice(raw, "provider", "echo", providers)
+    provider = _provider(raw, providers)
     params = raw.get("params") or {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise ValidationError("params", "must be an object of string keys")

@@ -36,6 +36,7 @@ async def create_schedule(
     # an expression that never fires (before 2200) is an error; the search runs off the loop
     first = await offload.run(lambda: fire_times.check_fires(inputs.spec_of(values), now))
     row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
+    await claim_name(db, row)
     await queries.schedule_change_insert(
         db,
         row.id,
@@ -46,6 +47,21 @@ async def create_schedule(
     )
     await queries.schedule_notify_changed(db, row.id)
     return row
+
+
+async def claim_name(db: queries.DB, row: Schedule) -> None:
+    """Register the schedule's name, unique per owner (a follow-up is named by its key);
+    a name another schedule holds is refused naming it, and the caller's transaction rolls
+    back whatever it wrote."""
+    if row.followup_key is not None:
+        return
+    holder = await queries.schedule_name_claim(db, row.owner, row.name, row.id)
+    if holder != row.id:
+        raise ValidationError(
+            "name",
+            f"schedule {holder} is already named {row.name!r} (names are unique per owner); "
+            "choose another name, or change that schedule",
+        )
 
 
 def input_from_row(row: Schedule) -> dict[str, Any]:
@@ -112,6 +128,8 @@ async def update_schedule(
             conn, schedule_id, row.version, values, next_fire_at=cursor
         )
         assert updated is not None  # the row is locked: its version cannot move
+        if updated.name != row.name:
+            await claim_name(conn, updated)
         before, after_json = views.schedule_json(row), views.schedule_json(updated)
         changes = {
             k: [before[k], after_json[k]]

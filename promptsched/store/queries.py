@@ -296,6 +296,13 @@ async def schedule_seconds_until_due(db: DB, now: datetime | None) -> float | No
     return value
 
 
+async def schedule_name_claim(db: DB, owner: str, name: str, schedule_id: int) -> int:
+    """The schedule that holds ``name`` under ``owner`` afterwards: ``schedule_id`` unless
+    another has it (then nothing changed)."""
+    holder: int = await db.fetchval(_Q["schedule_name_claim"], owner, name, schedule_id)
+    return holder
+
+
 async def schedule_resume_due(db: DB, now: datetime | None) -> list[Record]:
     return await db.fetch(_Q["schedule_resume_due"], now)
 

@@ -862,6 +862,11 @@ ALTER TABLE public.schedule_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDEN
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.schedule_names (
+    owner text NOT NULL,
+    name text NOT NULL,
+    schedule_id bigint NOT NULL
+);
 ALTER TABLE public.schedules ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.schedules_id_seq
     START WITH 1
@@ -911,6 +916,8 @@ ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.schedule_changes
     ADD CONSTRAINT schedule_changes_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.schedule_names
+    ADD CONSTRAINT schedule_names_pkey PRIMARY KEY (owner, name);
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
 CREATE INDEX api_tokens_owner_idx ON public.api_tokens USING btree (owner, id);
@@ -934,6 +941,7 @@ CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (re
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
 CREATE INDEX runs_unfinished_idx ON public.runs USING btree (schedule_id, slot) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 CREATE INDEX schedule_changes_schedule_idx ON public.schedule_changes USING btree (schedule_id, id);
+CREATE INDEX schedule_names_schedule_idx ON public.schedule_names USING btree (schedule_id);
 CREATE INDEX schedules_due_idx ON public.schedules USING btree (next_fire_at) WHERE (enabled AND (next_fire_at IS NOT NULL));
 CREATE INDEX schedules_fallback_idx ON public.schedules USING btree (id) WHERE (cardinality(fallback) > 0);
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, id);
@@ -964,3 +972,5 @@ ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_replay_of_fkey FOREIGN KEY (replay_of) REFERENCES public.runs(id) ON DELETE SET NULL;
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.schedule_names
+    ADD CONSTRAINT schedule_names_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id) ON DELETE CASCADE;

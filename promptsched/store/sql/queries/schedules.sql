@@ -295,3 +295,16 @@ WITH paused AS (
     FROM paused
 )
 SELECT count(*)::int FROM paused;
+
+-- name: schedule_name_claim
+-- Register the schedule's name under its owner, releasing the name it had: the schedule that
+-- holds the name afterwards ($3 when it was free or already its own, another when it is
+-- taken; the name is unique per owner, migration 0022). A concurrent claim of the same name
+-- waits for this one's transaction and then finds it taken.
+WITH released AS (
+    DELETE FROM schedule_names WHERE schedule_id = $3 AND name IS DISTINCT FROM $2
+)
+INSERT INTO schedule_names (owner, name, schedule_id)
+VALUES ($1, $2, $3)
+ON CONFLICT (owner, name) DO UPDATE SET schedule_id = schedule_names.schedule_id
+RETURNING schedule_id;
