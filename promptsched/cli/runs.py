@@ -218,7 +218,7 @@ def register(sub: Any) -> None:
     diff = runs_sub.add_parser(
         "diff", help="what changed between two runs of a schedule (JSON paths or a text diff)"
     )
-    diff.add_argument("a", type=int, help="the earlier run")
-    diff.add_argument("b", type=int, help="the later run")
+    diff.add_argument("a", type=common.number("run id"), help="the earlier run")
+    diff.add_argument("b", type=common.number("run id"), help="the later run")
     diff.add_argument("--json", action="store_true")
     diff.set_defaults(func=cmd_diff)
