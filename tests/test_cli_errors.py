@@ -51,6 +51,7 @@ BROKEN: dict[str, tuple[str, ...]] = {
     "schedules list": ("schedules", "list", "--limit", "lots"),
     "preview": ("preview", "61 * * * *"),
     "runs list": ("runs", "list", "--schedule", MISSING),
+    "runs diff": ("runs", "diff", "1", "999"),
     "runs show": ("runs", "show", "999"),
     "runs replay": ("runs", "replay", "1"),  # succeeded: nothing to replay
     "runs cancel": ("runs", "cancel", "first"),
@@ -69,6 +70,7 @@ BROKEN: dict[str, tuple[str, ...]] = {
     "tokens list": ("tokens", "list", "--database-url", "nonsense"),
     "tokens revoke": ("tokens", "revoke", "999"),
     "completion": ("completion", "fish"),
+    "status": ("status", "--url", "ftp://nowhere.example", "--token", "pst_x"),
 }
 
 
@@ -83,7 +85,8 @@ def assert_short_error(done: subprocess.CompletedProcess[str], what: object) -> 
     assert done.returncode != 0, (what, done.stdout)
     assert not done.stdout, (what, done.stdout)
     assert 1 <= len(lines) <= 2, (what, done.stderr)
-    assert lines[0].startswith("promptsched"), (what, done.stderr)
+    errors = [line for line in lines if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("promptsched"), (what, done.stderr)
     assert not LIBRARY.search(done.stderr), (what, done.stderr)
 
 

@@ -214,6 +214,8 @@ overlap               skip
 max attempts          3
 timeout               5m
 jitter                -
+give up after         1h
+fallback              -
 dst gap               shift
 dst fold              first
 pause after failures  -

@@ -239,7 +239,7 @@ def test_every_command_goes_through_the_api_isolated_and_as_direct_mode_prints(
     assert run_cli.json("schedules", "list", "--owner", "alice", token=bob) == []
     assert [s["id"] for s in run_cli.json("schedules", "list", token=bob)] == [b["id"]]
     assert run_cli.json("runs", "list", token=bob) == []
-    assert run_cli.json("notifications", "dead", token=bob) == []
+    assert run_cli.json("notifications", "list", token=bob) == []
     assert run_cli.json("schedules", "list") == before  # nothing of Alice's changed
 
     # Delete: the runs go, the history stays readable.

@@ -148,7 +148,7 @@ async def test_cancelling_a_running_check_by_key_ends_it_cancelled_and_writes_no
     assert (shown["state"], shown["cancelled_by"]) == ("cancelled", "shop")
     assert shown["cancelled_at"] == cancelled_at.isoformat()
     assert shown["explanation"] == (
-        f"Cancelled by shop at {cancelled_at.isoformat()}, after 0 check(s); "
+        f"Cancelled by shop at {cancelled_at:%Y-%m-%d %H:%M:%S} UTC, after 0 checks; "
         "no further check starts."
     )
     assert shown["checks"] == []
@@ -184,7 +184,7 @@ async def test_a_recheck_in_the_past_or_unreadable_ends_the_chain_with_its_reaso
     assert check["decision"] == {"recheck_at": "2026-03-02T08:00:00+00:00"}
     assert check["outcome"] == "past"
     assert shown["past"]["explanation"] == (
-        "Ended after check 1: its next check (2026-03-02T08:00:00+00:00) was in the past."
+        "Ended after check 1: its next check (2026-03-02 08:00 UTC) was in the past."
     )
     for key, error in (("invalid", "recheck_in: not a duration"),
                        ("no-offset", "recheck_at: needs a UTC offset")):  # fmt: skip
@@ -226,7 +226,7 @@ async def test_an_agent_runs_final_output_decides_the_next_check(
     assert first["decision"] == {"recheck_in": 7200.0}
     assert (first["outcome"], first["next_at"]) == ("recheck", recheck.isoformat())
     assert after_first["explanation"] == (
-        f"Active: check 2 of at most 10 is due at {recheck.isoformat()} "
+        f"Active: check 2 of at most 10 is due at {recheck:%Y-%m-%d %H:%M:%S} UTC "
         f"(run #{after_first['runs'][-1]['id']})."
     )
     assert (shown["state"], shown["checks_done"]) == ("done", 2)

@@ -5,6 +5,7 @@ raises (regressions found by the chaos suite, tests/chaos)."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections import Counter
@@ -85,10 +86,14 @@ def _retry_lines_per_second(svc: Service) -> Counter[str]:
     )
 
 
+_NAMES = itertools.count(1)
+
+
 async def _create(dsn: str, **raw: Any) -> Schedule:
     conn = await pools.connect(dsn)
     try:
-        values = inputs.validate({"name": "outage", "prompt": "p", **raw}, providers=["echo"])
+        named = {"name": f"outage {next(_NAMES)}", "prompt": "p"}  # names are unique per owner
+        values = inputs.validate({**named, **raw}, providers=["echo"])
         return await schedule_ops.create_schedule(conn, Clock(), values, owner="o")
     finally:
         await conn.close()

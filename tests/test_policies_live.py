@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,12 @@ from tests.helpers import Service, wait_until
 pytestmark = pytest.mark.slow
 
 
+_NAMES = itertools.count(1)
+
+
 async def _create(pool: asyncpg.Pool[Any], **raw: Any) -> int:
-    values = inputs.validate({"name": "live", "prompt": "p", **raw}, providers=["echo"])
+    named = {"name": f"live {next(_NAMES)}", "prompt": "p"}  # names are unique per owner
+    values = inputs.validate({**named, **raw}, providers=["echo"])
     return (await schedule_ops.create_schedule(pool, Clock(), values, owner="o")).id
 
 

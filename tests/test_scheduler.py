@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,8 +38,12 @@ def _scheduler(
     return Scheduler(pool, clock, metrics or Metrics(), settings)
 
 
+_NAMES = itertools.count(1)
+
+
 async def _create(pool: asyncpg.Pool[Any], clock: FrozenClock, **raw: Any) -> int:
-    values = inputs.validate({"name": "s", "prompt": "p", **raw}, providers=["echo"])
+    named = {"name": f"s{next(_NAMES)}", "prompt": "p"}  # names are unique per owner
+    values = inputs.validate({**named, **raw}, providers=["echo"])
     row = await schedule_ops.create_schedule(pool, clock, values, owner="alice")
     return row.id
 

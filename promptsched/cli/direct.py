@@ -206,11 +206,11 @@ class DirectBackend:
 
     async def explain(self, schedule_id: int, at: str) -> dict[str, Any]:
         row = await self._schedule_row(schedule_id)
-        instant = validate.instant(at, "at", zone=spec.load_zone(row.timezone))
+        instant, note = explaining.resolve_at(at, row)
         now = await schedule_ops.db_now(self.conn, self.clock)
         changes = await queries.schedule_change_around(self.conn, schedule_id, instant)
         runs = await queries.run_list_for_slot(self.conn, schedule_id, instant)
-        return explaining.explain(explaining.Facts(row, instant, now, changes, runs))
+        return explaining.explain(explaining.Facts(row, instant, now, changes, runs, note=note))
 
     async def list_runs(
         self, *, schedule_id: int | None, status: str | None, limit: int

@@ -19,7 +19,7 @@ from promptsched.domain import ChangeAction, Schedule
 from promptsched.errors import ValidationError
 from promptsched.human import describe
 from promptsched.human import schedules as human_schedules
-from promptsched.ops import explain, lookups, notify_targets, validate, views
+from promptsched.ops import explain, lookups, notify_targets, views
 
 _DL_ROW = Template("<dt>$term</dt><dd>$value</dd>\n")
 _DL = Template('<dl class="settings">\n$rows</dl>')
@@ -194,16 +194,20 @@ async def explain_section(ctx: Ctx, row: Schedule, default_at: str) -> Markup:
     result = Markup("")
     if raw is not None:
         try:
-            result = await _verdict(ctx, row, validate.instant(raw[:64], "at", zone=where), where)
+            at, note = explain.resolve_at(raw[:64], row)
+            result = await _verdict(ctx, row, at, where, note)
         except ValidationError as exc:
             result = _ERROR(field=exc.field, message=exc.message)
     return _EXPLAIN_FORM(id=row.id, at=raw or default_at, zone=row.timezone, result=result)
 
 
-async def _verdict(ctx: Ctx, row: Schedule, at: datetime, where: ZoneInfo) -> Markup:
+async def _verdict(
+    ctx: Ctx, row: Schedule, at: datetime, where: ZoneInfo, note: str | None
+) -> Markup:
     async with ctx.deps.pool.acquire() as conn:
         changes, found = await lookups.slot_history(conn, row.id, at)
-    facts = explain.Facts(row, at, ctx.now, changes, found, retention=ctx.deps.retention)
+    facts = explain.Facts(row, at, ctx.now, changes, found, retention=ctx.deps.retention,
+                          note=note)  # fmt: skip
     answer = await offload.run(lambda: explain.explain(facts))  # bounded math, off the loop
     runs = [
         join([layout.link(f"/runs/{r['id']}", f"run {r['id']}"), " ", layout.badge(r["status"])])

@@ -13,8 +13,9 @@ import asyncpg
 from promptsched import durations
 from promptsched.domain import ChangeAction, RunOrigin, RunStatus, Schedule
 from promptsched.errors import ValidationError
-from promptsched.ops import views
-from promptsched.schedule import fire_times, spec
+from promptsched.human import times
+from promptsched.ops import validate, views
+from promptsched.schedule import fire_times, spec, zone
 
 TIMING = ("kind", "expression", "timezone", "dst_gap", "dst_fold")
 LOOKBACK = timedelta(days=5 * 366)
@@ -48,6 +49,7 @@ class Facts:
     # finished run is purged once it finished longer ago than this, and it finished after its
     # slot, so a slot newer than ``now - retention`` still has every row it ever had.
     retention: timedelta | None = None
+    note: str | None = None  # resolve_at's note on a local time DST skipped or repeated
 
 
 def spec_at(schedule: Schedule, changes: Sequence[Row]) -> spec.Spec:
@@ -75,10 +77,42 @@ def _paused_by(state: Row | None) -> bool:
 
 
 def _local(s: spec.Spec, t: datetime) -> str:
-    utc = t.astimezone(UTC).isoformat()
-    if s.timezone == "UTC":
-        return utc
-    return f"{utc} ({t.astimezone(spec.load_zone(s.timezone)).isoformat()} {s.timezone})"
+    """``2026-03-08 03:00 EDT (America/New_York)``: as people read the slot."""
+    return times.local(t, s.timezone) + times.zone_words(s.timezone)
+
+
+def _at(row: Schedule, t: datetime) -> str:
+    return times.local(t, row.timezone)
+
+
+def resolve_at(text: str, row: Schedule, field: str = "at") -> tuple[datetime, str | None]:
+    """The instant a user means by ``text`` (ISO-8601; without an offset, a local time in the
+    schedule's zone), and a note when that local time is not one instant: a time a DST gap
+    skipped names the real fire time, the first instant after the gap (as the schedule's
+    ``dst_gap`` shift fires it); a repeated one is read as its first occurrence."""
+    where = spec.load_zone(row.timezone)
+    value = validate.instant(text, field, zone=where)
+    if datetime.fromisoformat(text.strip()).tzinfo is not None:
+        return value, None
+    local = value.replace(tzinfo=None)
+    found = zone.locate(where, local)
+    said = local.strftime("%H:%M:%S" if local.second else "%H:%M")
+    day = local.strftime("%Y-%m-%d")
+    if found.kind == zone.GAP:
+        fired = times.local(found.first, where)
+        shifted = (
+            f"a slot due then fires at {fired}, the first instant after the gap"
+            if row.dst_gap == "shift"
+            else f"this schedule skips slots in a gap (dst_gap skip); the gap ended at {fired}"
+        )
+        return found.first, f"{said} did not exist on {day} in {row.timezone} (DST): {shifted}."
+    if found.kind == zone.FOLD:
+        first = times.local(found.first, where)
+        return found.first, (
+            f"{said} occurred twice on {day} in {row.timezone} (DST): this is the first, "
+            f"{first}; give a UTC offset for the second."
+        )
+    return found.first, None
 
 
 def _describe_run(run: Row) -> str:
@@ -116,7 +150,7 @@ def _pause_text(state: Row) -> str:
     reason = changes.get("reason")
     until = changes.get("until")
     return (
-        f"paused by {state['actor']} at {state['at'].isoformat()}"
+        f"paused by {state['actor']} at {times.local(state['at'], 'UTC')}"
         + (f" ({reason})" if reason else "")
         + (f" until {until}" if until else "")
     )
@@ -129,7 +163,8 @@ def _future(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]
     state = _state(f.changes)
     until = row.paused_until
     if until is not None and until <= at:
-        return "scheduled", f"paused until {until.isoformat()}, so it will fire at this slot", None
+        words = f"paused until {_at(row, until)}, so it will fire at this slot"
+        return "scheduled", words, None
     reason = f" ({row.pause_reason})" if row.pause_reason else ""
     pause = state if _paused_by(state) else None
     return "paused", f"it is paused{reason}: it will not fire then unless resumed before", pause
@@ -149,8 +184,8 @@ def _past(f: Facts, s: spec.Spec, at: datetime) -> tuple[str, str, Row | None]:
         return (
             "coalesced",
             f"the slot was found late; the misfire policy ({f.schedule.misfire_policy}) "
-            f"folded it into run {after['id']} at {after['slot'].isoformat()}, which stands for "
-            f"{after['missed_slots']} missed slot(s)",
+            f"folded it into run {after['id']} at {_at(f.schedule, after['slot'])}, which "
+            f"stands for {after['missed_slots']} missed slot(s)",
             None,
         )
     cursor = f.schedule.next_fire_at
@@ -176,7 +211,7 @@ def _verdict(f: Facts, s: spec.Spec, at: datetime, fire: bool) -> tuple[str, str
         main = next((r for r in at_slot if r["origin"] == RunOrigin.CADENCE), at_slot[0])
         return _RUN_VERDICTS[main["status"]], _describe_run(main), None
     if at < f.schedule.created_at:
-        created = f.schedule.created_at.isoformat()
+        created = _at(f.schedule, f.schedule.created_at)
         return "before_created", f"the schedule did not exist yet (created {created})", None
     if not fire:
         return "not_a_fire_time", f"{_local(s, at)} is not a fire time of {s.expression}", None
@@ -195,6 +230,8 @@ def explain(f: Facts) -> dict[str, Any]:
     fire = fire_times.next_after(s, at - _US) == at
     earlier = fire_times.last_between(s, max(at - LOOKBACK, _FLOOR), at - _US, 1)
     verdict, message, pause = _verdict(f, s, at, fire)
+    if f.note:
+        message = f"{f.note} {message[:1].upper()}{message[1:]}"
     runs = [r for r in f.runs if r["position"] == "at"]
     if verdict in ("coalesced", "paused"):
         runs += [r for r in f.runs if r["position"] == "after" and r["missed_slots"]]

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from promptsched import netguard, offload
 from promptsched.clock import Clock
@@ -25,27 +26,30 @@ async def db_now(db: queries.DB, clock: Clock) -> datetime:
 
 
 async def create_schedule(
-    db: queries.DB,
+    db: queries.DB | asyncpg.Pool[Any],
     clock: Clock,
     values: ScheduleInput,
     *,
     owner: str,
     actor: str | None = None,
 ) -> Schedule:
+    """The schedule, its name registered and its history row, in one transaction (a
+    savepoint in the caller's): a name another schedule holds leaves nothing written."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await create_schedule(conn, clock, values, owner=owner, actor=actor)
+    assert isinstance(db, asyncpg.Connection | PoolConnectionProxy)
     now = await db_now(db, clock)
     # an expression that never fires (before 2200) is an error; the search runs off the loop
     first = await offload.run(lambda: fire_times.check_fires(inputs.spec_of(values), now))
-    row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
-    await claim_name(db, row)
-    await queries.schedule_change_insert(
-        db,
-        row.id,
-        owner,
-        actor or owner,
-        ChangeAction.CREATE,
-        {"fields": views.schedule_json(row)},
-    )
-    await queries.schedule_notify_changed(db, row.id)
+    async with db.transaction():
+        row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
+        await claim_name(db, row)
+        await queries.schedule_change_insert(
+            db, row.id, owner, actor or owner, ChangeAction.CREATE,
+            {"fields": views.schedule_json(row)},
+        )  # fmt: skip
+        await queries.schedule_notify_changed(db, row.id)
     return row
 
 

@@ -6,20 +6,18 @@ from aiohttp import web
 
 from promptsched import offload
 from promptsched.api.http import ID_PARAM, Call, Operation, Param, Reply, json_reply
-from promptsched.ops import explain, lookups, validate
+from promptsched.ops import explain, lookups
 from promptsched.ops import schedules as schedule_ops
-from promptsched.schedule import spec
 
 
 async def explain_slot(call: Call) -> web.StreamResponse:
     schedule_id = call.params["id"]
     async with call.deps.pool.acquire() as conn:
         row = await lookups.schedule_or_missing(conn, schedule_id, call.scope)
-        zone = spec.load_zone(row.timezone)
-        at = validate.instant(call.params["at"], "at", zone=zone)
+        at, note = explain.resolve_at(call.params["at"], row)
         now = await schedule_ops.db_now(conn, call.deps.clock)
         changes, runs = await lookups.slot_history(conn, schedule_id, at)
-    facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention)
+    facts = explain.Facts(row, at, now, changes, runs, retention=call.deps.retention, note=note)
     return json_reply(await offload.run(lambda: explain.explain(facts)))
 
 
