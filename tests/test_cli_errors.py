@@ -71,6 +71,7 @@ BROKEN: dict[str, tuple[str, ...]] = {
     "tokens revoke": ("tokens", "revoke", "999"),
     "completion": ("completion", "fish"),
     "status": ("status", "--url", "ftp://nowhere.example", "--token", "pst_x"),
+    "doctor": ("doctor", "--url", "ftp://nowhere.example", "--token", "pst_x"),
 }
 
 

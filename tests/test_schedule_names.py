@@ -1,4 +1,4 @@
-"""Names wherever an id is taken: a schedule's name is unique per owner (migration 0030, a
+"""Names wherever an id is taken: a schedule's name is unique per owner (migration 0032, a
 registry beside the schedules), schedules that shared one before are renamed with a history
 row, and the CLI resolves a name to its schedule or refuses an ambiguous one naming the
 candidates (real processes)."""
@@ -18,7 +18,7 @@ BODY = {"cron": "0 9 * * 1", "prompt": "p", "timezone": "Europe/Paris"}
 
 
 async def test_the_migration_renames_later_duplicates_and_says_so(pool: asyncpg.Pool[Any]) -> None:
-    # The state before 0030: no registry, and names shared within an owner.
+    # The state before 0032: no registry, and names shared within an owner.
     await pool.execute("DROP TABLE schedule_names")
     first = await factories.schedule(pool, name="weekly")
     second = await factories.schedule(pool, name="weekly")

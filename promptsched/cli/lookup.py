@@ -1,6 +1,6 @@
 """Schedules as the CLI names them: a reference given as an id or a name resolved to one
 schedule (or refused, naming the candidates), and the names and zones of the schedules a list
-of runs belongs to. Names are unique per owner (migration 0030); an operator in direct mode
+of runs belongs to. Names are unique per owner (migration 0032); an operator in direct mode
 sees every owner's, so a name two owners use needs ``--owner`` or the id."""
 
 from __future__ import annotations

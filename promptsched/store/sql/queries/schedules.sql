@@ -299,7 +299,7 @@ SELECT count(*)::int FROM paused;
 -- name: schedule_name_claim
 -- Register the schedule's name under its owner, releasing the name it had: the schedule that
 -- holds the name afterwards ($3 when it was free or already its own, another when it is
--- taken; the name is unique per owner, migration 0030). A concurrent claim of the same name
+-- taken; the name is unique per owner, migration 0032). A concurrent claim of the same name
 -- waits for this one's transaction and then finds it taken.
 WITH released AS (
     DELETE FROM schedule_names WHERE schedule_id = $3 AND name IS DISTINCT FROM $2
