@@ -167,6 +167,12 @@ class Metrics:
             result=CLAIM_RESULTS,
         )
         self.leases_renewed = self._counter("leases_renewed", "Leases renewed by heartbeats")
+        self.final_write_seconds = self._histogram(
+            "final_write_seconds",
+            "One batched final write (run_finish_many) of this process's attempts: its round "
+            "trip and its commit",
+            _LOOP_BUCKETS,
+        )
         self.leases_lost = self._counter(
             "leases_lost",
             "Attempts stopped because their lease was gone, by cause: expired (not renewed for "

@@ -4,6 +4,7 @@ done; one task writes everything that queued up meanwhile as one guarded stateme
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
+from promptsched.metrics import Metrics
 from promptsched.store import queries
 
 log = structlog.get_logger("finalizer")
@@ -35,6 +37,7 @@ class Finalizer:
         pool: asyncpg.Pool[Any],
         clock: Clock,
         worker_id: str,
+        metrics: Metrics | None = None,
         *,
         max_batch: int = 256,
         write_timeout: float = 10.0,
@@ -42,6 +45,7 @@ class Finalizer:
         self.pool = pool
         self.clock = clock
         self.worker_id = worker_id
+        self._metrics = metrics
         self.max_batch = max_batch
         self.write_timeout = write_timeout
         self._queue: list[tuple[queries.Finish, Done]] = []
@@ -72,10 +76,13 @@ class Finalizer:
             # database must not hold the worker forever (the leases expire; the reaper decides).
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + self.write_timeout
+                started = time.perf_counter()
                 try:
                     outcome = await queries.run_finish_many(
                         self.pool, self.clock.sql_now(), [item for item, _ in batch], self.worker_id
                     )
+                    if self._metrics is not None:
+                        self._metrics.final_write_seconds.observe(time.perf_counter() - started)
                 except Exception as exc:  # asyncpg raises more than PostgresError when a
                     # connection dies: report it to every attempt of the batch, never crash
                     outcome = exc

@@ -61,7 +61,7 @@ class WorkerPool:
         self.inflight: InFlightAttempts = heartbeat.inflight
         self.slots = settings.slots
         self.worker_id = settings.worker_id or default_worker_id()
-        self.finalizer = Finalizer(pool, clock, self.worker_id)
+        self.finalizer = Finalizer(pool, clock, self.worker_id, metrics)
         self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
         # Providers whose last claim took all they had, and when (monotonic) their next run
