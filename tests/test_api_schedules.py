@@ -216,7 +216,7 @@ BAD_CREATES = [
     pytest.param({**SCHEDULE, "params": {"k": "\ud800"}}, "params.k", id="lone-surrogate"),
     pytest.param({**SCHEDULE, "params": {"latency": "fast"}}, "params.latency", id="latency"),
     pytest.param({**SCHEDULE, "promt": "typo"}, "promt", id="unknown-field"),
-    pytest.param({**SCHEDULE, "cron": None, "at": "2020-01-01T00:00:00Z"}, "expression",
+    pytest.param({**SCHEDULE, "cron": None, "at": "2020-01-01T00:00:00Z"}, "at",
                  id="at-in-the-past"),
     pytest.param({**SCHEDULE, "cron": None, "at": "9999-12-31T23:59:59",
                   "timezone": "America/Los_Angeles"}, "expression", id="at-past-year-9999"),

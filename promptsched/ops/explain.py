@@ -33,6 +33,7 @@ _SKIP_REASONS = {
     "overlap": "an earlier run was still unfinished (overlap policy)",
     "misfire": "the slot was found late and the misfire policy dropped it",
     "disabled": "the schedule was paused when a worker picked the run up",
+    "paused": "it fell inside a pause with an end, whose slots are skipped",
 }
 
 Row = asyncpg.Record

@@ -11,6 +11,7 @@ round trip. The write between the two is planned group by group in ``tick_plan``
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from promptsched import logs
+from promptsched import logs, offload
 from promptsched.clock import Clock
 from promptsched.config import SchedulerSettings
 from promptsched.domain import RunStatus
@@ -29,6 +30,8 @@ from promptsched.errors import ValidationError
 from promptsched.metrics import Metrics
 from promptsched.roles.loop import Rush, Wakeup, run_forever
 from promptsched.roles.tick_plan import BatchPlan
+from promptsched.schedule import policies
+from promptsched.schedule.spec import Spec
 from promptsched.store import queries
 
 log = structlog.get_logger("scheduler")
@@ -48,6 +51,18 @@ class TickCounts:
     skipped: int = 0
     duplicates: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+
+
+def _pause_end(row: asyncpg.Record) -> policies.PauseEnd:
+    """The end of one schedule's pause; one whose fire times cannot be computed resumes as it
+    was (the tick pauses it again, saying why)."""
+    timing = Spec(row["kind"], row["expression"], row["timezone"], row["dst_gap"],
+                  row["dst_fold"])  # fmt: skip
+    try:
+        return policies.plan_pause_end(timing, row["next_fire_at"], row["paused_until"],
+                                       row["misfire_cap"])  # fmt: skip
+    except ValidationError:
+        return policies.PauseEnd((), row["next_fire_at"])
 
 
 class Scheduler:
@@ -227,13 +242,28 @@ class Scheduler:
         return cap if seconds is None else max(0.0, min(cap, seconds))
 
     async def resume_due(self) -> int:
-        """Resume schedules whose "pause until" ran out."""
-        resumed = await queries.schedule_resume_due(self.pool, self.clock.sql_now())
-        for row in resumed:
-            await queries.schedule_change_insert(
-                self.pool, row["id"], row["owner"], "promptsched", "auto_resume", {}
-            )
-            log.info("schedule.auto_resumed", schedule_id=row["id"])
+        """End the pauses whose end came ("pause until"), in one transaction: the slots inside
+        a pause are skipped (reason ``paused``) and the schedule fires from the first slot
+        after it (``policies.plan_pause_end``). Returns how many schedules resumed."""
+        now = self.clock.sql_now()
+        async with self.pool.acquire() as conn, conn.transaction():
+            due = await queries.schedule_take_pause_ended(conn, now, self.batch)
+            if not due:
+                return 0
+            ends = queries.PauseEnds()
+            for row in due:
+                plan = await offload.run(
+                    functools.partial(_pause_end, row), field=None, lane="scheduler"
+                )
+                ends.schedule_ids.append(row["id"])
+                ends.cursors.append(plan.next_fire_at)
+                for run in plan.runs:
+                    ends.run_schedule_ids.append(row["id"])
+                    ends.slots.append(run.slot)
+                    ends.missed.append(run.missed)
+            resumed = await queries.schedule_end_pauses(conn, now, ends)
+        for schedule_id, skipped in resumed:
+            log.info("schedule.auto_resumed", schedule_id=schedule_id, skipped_slots=skipped)
         return len(resumed)
 
     async def _tick(self) -> float:

@@ -241,6 +241,12 @@ def check_fires(s: spec.Spec, now: datetime) -> datetime:
     found = next_after(s, now)
     if found is not None:
         return found
+    c = compiled(s)
+    if isinstance(c, spec.At) and c.instant <= now:
+        local = c.instant.astimezone(spec.load_zone(s.timezone))
+        raise ValidationError(
+            "at", f"that time is past ({local:%Y-%m-%d %H:%M:%S %Z}); give one in the future"
+        )
     end = limits.LATEST.isoformat().replace("+00:00", "Z")
     reason = {
         "at": f"the time {s.expression} is already past",
@@ -248,7 +254,6 @@ def check_fires(s: spec.Spec, now: datetime) -> datetime:
         "cron": "no date matches it",
         "every": "its first fire time is after that",
     }[s.kind]
-    c = compiled(s)
     if isinstance(c, spec.At) and c.instant >= limits.LATEST:
         reason = f"{s.expression} is after the supported range"
     raise ValidationError(

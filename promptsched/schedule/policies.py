@@ -13,7 +13,7 @@ from promptsched.errors import ValidationError
 from promptsched.schedule import fire_times, spec
 
 MisfirePolicy = Literal["run_once", "skip", "run_all"]
-SkipReason = Literal["misfire", "catchup_window"]
+SkipReason = Literal["misfire", "catchup_window", "paused"]
 POLICIES: tuple[str, ...] = get_args(MisfirePolicy)
 _COUNT_LIMIT = 1_000_000_000  # cron and `every` count in closed form; this only bounds RRULE work
 _US = timedelta(microseconds=1)
@@ -47,7 +47,7 @@ class PlannedRun:
 
     slot: datetime  # aware UTC
     status: RunStatus  # PENDING or SKIPPED
-    skip_reason: str | None  # "misfire" | "catchup_window" | None
+    skip_reason: str | None  # "misfire" | "catchup_window" | "paused" | None
     missed: int  # how many OTHER slots this row stands for (coalesced), 0 normally
 
 
@@ -130,3 +130,33 @@ class _Planner:
             if slots:
                 self.coalesce(start, slots[0] - _US, "misfire")
             self.runs.extend(PlannedRun(slot, RunStatus.PENDING, None, 0) for slot in slots)
+
+
+@dataclass(frozen=True, slots=True)
+class PauseEnd:
+    """What ends a pause with an end: the skipped rows of the slots inside it, and the cursor
+    of the first slot at or after its end."""
+
+    runs: tuple[PlannedRun, ...]  # ordered by slot, each SKIPPED with reason "paused"
+    next_fire_at: datetime | None
+
+
+def plan_pause_end(s: spec.Spec, cursor: datetime | None, until: datetime, cap: int) -> PauseEnd:
+    """The slots in [cursor, until) were inside a pause the user gave an end: none of them
+    runs. The latest ``cap`` each get a skipped row (reason "paused"), older ones one row that
+    stands for them all, so the history shows every one in bounded work; the schedule then
+    fires from the first slot at or after ``until``, on time, with no catch-up and nothing
+    left to overlap with. Slots found after ``until`` (a scheduler that was down) are the
+    misfire policy's, as any late slot."""
+    if cursor is None:
+        return PauseEnd((), None)
+    cursor, until = cursor.astimezone(UTC), until.astimezone(UTC)
+    nxt = fire_times.next_after(s, until - _US)
+    if cursor >= until:
+        return PauseEnd((), cursor)
+    plan = _Planner(s, Misfire(cap=max(1, cap)))
+    slots = fire_times.last_between(s, cursor, until - _US, plan.misfire.cap)
+    if slots:
+        plan.coalesce(cursor, slots[0] - _US, "paused")
+    plan.runs.extend(PlannedRun(slot, RunStatus.SKIPPED, "paused", 0) for slot in slots)
+    return PauseEnd(tuple(plan.runs), nxt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -303,8 +304,30 @@ async def schedule_name_claim(db: DB, owner: str, name: str, schedule_id: int) -
     return holder
 
 
-async def schedule_resume_due(db: DB, now: datetime | None) -> list[Record]:
-    return await db.fetch(_Q["schedule_resume_due"], now)
+async def schedule_take_pause_ended(db: DB, now: datetime | None, limit: int) -> list[Record]:
+    """Schedules whose "pause until" ran out, locked for schedule_end_pauses."""
+    return await db.fetch(_Q["schedule_take_pause_ended"], now, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class PauseEnds:
+    """The write of schedule_end_pauses: each schedule's new cursor, and the skipped rows of
+    the slots inside its pause."""
+
+    schedule_ids: list[int] = dataclass_field(default_factory=list)
+    cursors: list[datetime | None] = dataclass_field(default_factory=list)
+    run_schedule_ids: list[int] = dataclass_field(default_factory=list)
+    slots: list[datetime] = dataclass_field(default_factory=list)
+    missed: list[int] = dataclass_field(default_factory=list)
+
+
+async def schedule_end_pauses(db: DB, now: datetime | None, ends: PauseEnds) -> list[Record]:
+    """``(id, skipped)`` of each schedule resumed (one whose pause was changed meanwhile is
+    missing: it is no longer due)."""
+    return await db.fetch(
+        _Q["schedule_end_pauses"], now, ends.schedule_ids, ends.cursors,
+        ends.run_schedule_ids, ends.slots, ends.missed,
+    )  # fmt: skip
 
 
 async def schedule_get_for_update(db: DB, schedule_id: int, owner: str | None) -> Schedule | None:

@@ -149,7 +149,8 @@ FROM replayed r;
 -- ended at or before $1: per schedule that dropped ticks in it, the slots dropped by reason,
 -- owed to each of its targets that asked for failures. A skipped row stands for itself and
 -- its missed_slots; a run that did start stands for the missed_slots the misfire policy folded
--- into it (reason misfire); a tick skipped because the schedule was paused is not a loss. Rows
+-- into it (reason misfire); a tick skipped because the schedule was paused (reasons disabled and
+-- paused) is not a loss. Rows
 -- are counted in the period of their finished_at (a skipped row is finished when it is
 -- written), found through runs_finished_idx. The key names the period, so every replica may
 -- run this as often as it likes: the first one owes, the others change nothing. Also returns
@@ -168,7 +169,7 @@ WITH bounds AS (
     FROM runs r
     CROSS JOIN bounds b
     WHERE r.finished_at >= b.period_end - $2::interval AND r.finished_at < b.period_end
-      AND ((r.status = 'skipped' AND r.skip_reason IS DISTINCT FROM 'disabled')
+      AND ((r.status = 'skipped' AND coalesce(r.skip_reason, '') NOT IN ('disabled', 'paused'))
            OR (r.status <> 'skipped' AND r.missed_slots > 0))
     GROUP BY 1, 2
 ), per_schedule AS (

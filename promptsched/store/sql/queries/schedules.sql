@@ -188,14 +188,52 @@ SELECT extract(epoch FROM (least(
            (SELECT min(paused_until) FROM schedules WHERE NOT enabled))
        - coalesce($1::timestamptz, now())))::float8;
 
--- name: schedule_resume_due
--- "pause until": schedules whose pause ran out resume; their missed slots meet the misfire
--- policy on the next tick, since the cursor stayed where the pause left it.
-UPDATE schedules
-SET enabled = true, paused_until = NULL, pause_reason = NULL, version = version + 1,
-    updated_at = coalesce($1::timestamptz, now())
+-- name: schedule_take_pause_ended
+-- "pause until": lock the schedules whose pause ran out (SKIP LOCKED, so several schedulers
+-- share them), with what planning the end of each pause needs (schedule_end_pauses).
+SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, paused_until,
+       misfire_cap
+FROM schedules
 WHERE NOT enabled AND paused_until <= coalesce($1::timestamptz, now())
-RETURNING id, owner;
+ORDER BY paused_until
+LIMIT $2
+FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: schedule_end_pauses
+-- End the pauses schedule_take_pause_ended locked in this transaction, in one statement:
+-- each schedule ($2) is enabled again with its cursor at the first slot at or after the end
+-- of its pause ($3), the slots inside the pause get their skipped rows (reason `paused`: $4
+-- schedule, $5 slot, $6 the more slots a row stands for), and its history says promptsched
+-- resumed it and how many slots the pause skipped. The slots inside the pause never run: the
+-- user said so by giving the pause an end (docs/scheduling.md, "Pause and resume").
+WITH ended AS (
+    UPDATE schedules s
+    SET enabled = true, paused_until = NULL, pause_reason = NULL, version = s.version + 1,
+        next_fire_at = e.next_fire_at, updated_at = coalesce($1::timestamptz, now())
+    FROM unnest($2::bigint[], $3::timestamptz[]) AS e(id, next_fire_at)
+    WHERE s.id = e.id AND NOT s.enabled AND s.paused_until <= coalesce($1::timestamptz, now())
+    RETURNING s.id, s.owner, s.provider, s.max_attempts
+), skipped AS (
+    INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
+                      max_attempts, available_at, serial, finished_at, created_at)
+    SELECT e.id, r.slot, 'cadence', 'skipped', 'paused', r.missed, e.provider, e.max_attempts,
+           r.slot, false, coalesce($1::timestamptz, now()), coalesce($1::timestamptz, now())
+    FROM unnest($4::bigint[], $5::timestamptz[], $6::integer[]) AS r(schedule_id, slot, missed)
+    JOIN ended e ON e.id = r.schedule_id
+    ON CONFLICT (schedule_id, slot) WHERE origin = 'cadence' DO NOTHING
+    RETURNING schedule_id, missed_slots
+), counted AS (
+    SELECT e.id, e.owner,
+           coalesce((SELECT sum(1 + k.missed_slots) FROM skipped k WHERE k.schedule_id = e.id),
+                    0)::int AS skipped
+    FROM ended e
+), logged AS (
+    INSERT INTO schedule_changes (schedule_id, owner, actor, action, changes, at)
+    SELECT id, owner, 'promptsched', 'auto_resume', jsonb_build_object('skipped', skipped),
+           coalesce($1::timestamptz, now())
+    FROM counted
+)
+SELECT id, skipped FROM counted ORDER BY id;
 
 -- name: schedule_get_for_update
 SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2) FOR UPDATE;
