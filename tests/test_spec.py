@@ -353,7 +353,8 @@ def test_check_fires_says_a_past_at_is_past() -> None:
     with pytest.raises(ValidationError) as info:
         fire_times.check_fires(s, NOW)
     assert (info.value.field, info.value.message) == (
-        "at", "that time is past (2026-01-01 09:00:00 CET); give one in the future"
+        "at",
+        "that time is past (2026-01-01 09:00:00 CET); give one in the future",
     )
 
 
