@@ -172,6 +172,12 @@ class OwedNotification:
     # a `changed` monitor's success: the output of the run it was compared with
     previous_output: str | None = None
     previous_json: Any = None
+    # a follow-up's check: its key, and where the chain stands after this run
+    followup_key: str | None = None
+    max_checks: int | None = None
+    check_number: int | None = None
+    check_outcome: str | None = None
+    next_check_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,7 +167,7 @@ def test_a_digest_lists_the_dropped_slots_by_reason() -> None:
     assert "Between 2026-03-02 10:00 CET and 2026-03-02 11:00 CET (Europe/Paris):" in body
     assert "• overlap: 30 slots" in body and "• budget: 1 slot (the budget was used up)" in body
     embed = discord_payload(digest, None)["embeds"][0]
-    assert embed["title"] == "daily <digest> & co DROPPED 31 ticks"
+    assert embed["title"] == "daily <digest> & co: DROPPED 31 ticks"
     assert "overlap: 30 slots" in embed["description"]
 
 

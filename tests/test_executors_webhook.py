@@ -92,6 +92,7 @@ async def test_posts_the_prompt_and_context_as_json(
         "model": "m-1",
         "params": {"tone": "dry"},
         "output_schema": None,
+        "followup": None,
     }
     assert sent.headers["Content-Type"] == "application/json"
     assert sent.headers["Authorization"] == f"Bearer {KEY}"

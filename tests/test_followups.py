@@ -38,12 +38,14 @@ class Provider:
     def __init__(self) -> None:
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.prompts: dict[str, list[str]] = defaultdict(list)
+        self.followups: dict[str, list[Any]] = defaultdict(list)  # the request's key and vars
 
     async def handle(self, request: web.Request) -> web.Response:
         payload = await request.json()
         prompt: str = payload["prompt"]
         chain = prompt.split()[-1].rstrip("?")
         self.prompts[chain].append(prompt)
+        self.followups[chain].append(payload.get("followup"))
         script = self.scripts.get(chain, [])
         answer = script.pop(0) if script else {"done": True}
         return web.json_response(answer)
@@ -153,8 +155,10 @@ async def test_a_chain_rechecks_escalates_and_ends_with_its_reason(
         ("check", "succeeded"),
     ]
     assert shown["checks"][1]["escalated"] == [0] and shown["checks"][0]["escalated"] == []
-    # vars reached the prompt, every time.
+    # vars reached the prompt, every time, and the request names the follow-up with its vars.
     assert fake.prompts["4711"] == ["Has order 4711 shipped? Check 4711"] * 3
+    identity = {"key": "order-4711-unshipped", "vars": {"order_id": "4711"}}
+    assert fake.followups["4711"] == [identity] * 3
     # One escalation, after the second check, to the step's own target.
     [sent] = escalations.requests
     payload = sent.json()

@@ -3,6 +3,8 @@ the error that says whether trying again can help."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -11,11 +13,35 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from promptsched import budgets
 from promptsched.domain import OutboxEvent
 from promptsched.errors import PromptschedError
+from promptsched.human import followups as human_followups
+from promptsched.human import text, times
 from promptsched.monitor import changes
 from promptsched.secret import Secret
 
 # Outputs beyond this are cut (with a note) so one huge answer cannot clog a mailbox.
 MAX_TEXT_CHARS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class FollowupCheck:
+    """Where a follow-up's chain stands after one of its runs: its key, the check's number
+    (None when the run was not recorded as a check, e.g. it ended after a cancel), the
+    outcome the ledger wrote and the next check's instant."""
+
+    key: str
+    number: int | None
+    max_checks: int
+    outcome: str | None = None
+    next_at: datetime | None = None
+
+    def headline(self, where: str) -> str:
+        """``check 2 of 5: not resolved, next check at 2026-03-02 15:00 UTC``."""
+        if self.number is None:
+            return f"follow-up {self.key}"
+        return human_followups.check_headline(
+            number=self.number, max_checks=self.max_checks, outcome=self.outcome,
+            next_at=self.next_at, where=where,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +75,7 @@ class Notification:
     output_json: Any = None  # a monitor's structured answer
     previous_output: str | None = None  # a `changed` monitor: the run it was compared with
     previous_json: Any = None
+    check: FollowupCheck | None = None  # a follow-up's run: where its chain stands
 
     @property
     def succeeded(self) -> bool:
@@ -72,10 +99,22 @@ class Notification:
             return self.slot.astimezone(UTC)
 
     def slot_text(self) -> str:
-        """``2026-03-02 10:00 CET (Europe/Paris)``: how people read the slot."""
-        local = self.local_slot()
-        clock = "%H:%M:%S" if local.second else "%H:%M"
-        return f"{local.strftime(f'%Y-%m-%d {clock} %Z')} ({self.timezone})"
+        """``2026-03-02 10:00 CET (Europe/Paris)``, ``2026-03-02 10:00 UTC``: how people read
+        the slot."""
+        return times.local(self.slot, self.timezone) + times.zone_words(self.timezone)
+
+    def finished_text(self) -> str:
+        """``2026-03-02 10:00:03 CET, 3 s after its slot``; "-" for a run not finished."""
+        if self.finished_at is None:
+            return "-"
+        shown = times.local(self.finished_at, self.timezone)
+        late = self.finished_at - self.slot
+        return f"{shown}, {times.span(late)} after its slot" if late.total_seconds() >= 1 else shown
+
+    @property
+    def key(self) -> str:
+        """The follow-up's key for a follow-up's message, else the schedule's name."""
+        return self.check.key if self.check is not None else self.schedule_name
 
 
 # The events that report on a schedule rather than one run: their facts are report_lines.
@@ -88,7 +127,13 @@ def outcome_words(notification: Notification) -> str:
         return "reached its BUDGET"
     if notification.event == OutboxEvent.ESCALATION:
         details = notification.details if isinstance(notification.details, dict) else {}
-        return f"ESCALATED: unresolved after {details.get('after_checks', '?')} checks"
+        return f"ESCALATED: not resolved after {_checks(details.get('after_checks'))}"
+    check = notification.check
+    if check is not None and check.number is not None:
+        if notification.event == OutboxEvent.DEAD:
+            return f"check {check.number} of {check.max_checks} FAILED"
+        if notification.succeeded:
+            return check.headline(notification.timezone)
     if notification.event == OutboxEvent.DIGEST:
         total = (notification.details or {}).get("total", 0)
         return f"DROPPED {total} tick{'s' if total != 1 else ''}"
@@ -99,6 +144,14 @@ def outcome_words(notification: Notification) -> str:
         OutboxEvent.SUCCEEDED: "succeeded",
         OutboxEvent.PAUSED: "PAUSED after repeated failures",
     }.get(notification.event, "FAILED")
+
+
+def title(notification: Notification) -> str:
+    """``nightly report FAILED``, ``order-4711-unshipped: check 2 of 5: not resolved, ...``:
+    the name (a follow-up's key) and how it ended, on one line."""
+    name = " ".join(notification.key.split())
+    joiner = ": " if notification.event in REPORTS or notification.check is not None else " "
+    return f"{name}{joiner}{outcome_words(notification)}"
 
 
 def next_steps(notification: Notification) -> str | None:
@@ -118,11 +171,12 @@ def next_steps(notification: Notification) -> str | None:
         )
     if n.event == OutboxEvent.ESCALATION:
         details = n.details if isinstance(n.details, dict) else {}
+        key = str(details.get("key") or n.key)
         return (
-            f"The follow-up {details.get('key', '')!r} is still unresolved after "
-            f"{details.get('after_checks', '?')} checks: this step of its escalation notifies "
-            "you. Its history: `promptsched followups show "
-            f"{details.get('key', '')}` (cancel it with `promptsched followups cancel`)."
+            f"The follow-up {key} is still not resolved after "
+            f"{_checks(details.get('after_checks'))}, so its escalation tells you now. Every "
+            f"check and its answer: `promptsched followups show {key}`. To stop checking: "
+            f"`promptsched followups cancel {key}`."
         )
     if n.event == OutboxEvent.BUDGET:
         return (
@@ -195,15 +249,50 @@ def report_lines(notification: Notification) -> list[str]:
     if notification.event == OutboxEvent.BUDGET:
         return budget_lines(notification)
     if notification.event == OutboxEvent.ESCALATION:
-        details = notification.details if isinstance(notification.details, dict) else {}
-        answer = details.get("decision") or {}
-        asked = ", ".join(f"{k} {v}" for k, v in answer.items()) or "no decision"
-        return [
-            f"Check {details.get('after_checks', '?')} (run #{notification.run_id}):",
-            f"- it asked: {asked}",
-            f"- its output: {clip(' '.join((notification.output or '').split()), 500)}",
-        ]
+        return escalation_lines(notification)
     return digest_lines(notification)
+
+
+def _checks(count: Any) -> str:
+    return text.plural(count, "check") if isinstance(count, int) else "its checks"
+
+
+def escalation_lines(notification: Notification) -> list[str]:
+    """The escalation's facts: the check that tipped it, what it answered, what comes next."""
+    n = notification
+    details = n.details if isinstance(n.details, dict) else {}
+    number = details.get("after_checks", "?")
+    of = f" of {n.check.max_checks}" if n.check is not None else ""
+    asked = human_followups.decision_words(details.get("decision"), n.timezone, final=True)
+    lines = [f"Check {number}{of} (run #{n.run_id}):", f"- its decision: {asked}"]
+    if n.check is not None and n.check.next_at is not None:
+        lines.append(f"- next check: {times.local(n.check.next_at, n.timezone)}")
+    answer = text.clip(answer_text(n.output or ""), 500)
+    if answer:
+        lines.append(f"- its answer: {answer}")
+    return lines
+
+
+_FENCED_JSON = re.compile(r"```json\s*\{.*?\}\s*```", re.S)
+_DECISION_KEYS = ("recheck_in", "recheck_at")
+
+
+def answer_text(output: str) -> str:
+    """What a check answered besides its decision (the decision line says that): a JSON
+    answer's other fields in words, or the text without its fenced JSON decision."""
+    try:
+        data = json.loads(output)
+    except ValueError:
+        return _FENCED_JSON.sub("", output).strip()
+    if isinstance(data, dict):
+        rest = {k: v for k, v in data.items() if k not in _DECISION_KEYS and k != "usage"}
+        return text.words(rest) if rest else ""
+    return output.strip()
+
+
+def plain(markdown: str) -> str:
+    """A sentence of next steps for plain text: the commands without their code marks."""
+    return markdown.replace("`", "")
 
 
 def decision(notification: Notification) -> dict[str, Any] | None:

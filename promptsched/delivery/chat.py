@@ -31,6 +31,7 @@ from promptsched.delivery import (
     output_text,
     report_lines,
     run_link,
+    title,
 )
 from promptsched.delivery.webhook import GuardedPoster
 from promptsched.domain import OutboxEvent
@@ -80,9 +81,10 @@ def _clip_note(link: str | None, dialect: dialects.Dialect) -> str:
 def slack_payload(notification: Notification, public_url: str | None) -> dict[str, Any]:
     n = notification
     link = run_link(public_url, n)
-    name = dialects.SLACK.escape(" ".join(n.schedule_name.split()))
-    title = f"*{name}* {outcome_words(n)}"
-    headline = f"{title} · {dialects.SLACK.escape(n.slot_text())}"
+    name = dialects.SLACK.escape(" ".join(n.key.split()))
+    joiner = ":" if n.check is not None or n.event in REPORTS else ""
+    bold = f"*{name}*{joiner} {dialects.SLACK.escape(outcome_words(n))}"
+    headline = f"{bold} · {dialects.SLACK.escape(n.slot_text())}"
     if link:
         headline += " · " + dialects.SLACK.link(link, f"run #{n.run_id}")
     else:
@@ -97,7 +99,7 @@ def slack_payload(notification: Notification, public_url: str | None) -> dict[st
         note = _clip_note(link, dialects.SLACK)
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": note}]})
     # The fallback (notifications, screen readers) is mrkdwn too: escaped like the rest.
-    return {"text": f"{name} {outcome_words(n)}", "blocks": blocks}
+    return {"text": dialects.SLACK.escape(title(n)), "blocks": blocks}
 
 
 def discord_payload(notification: Notification, public_url: str | None) -> dict[str, Any]:
@@ -107,13 +109,13 @@ def discord_payload(notification: Notification, public_url: str | None) -> dict[
     pieces, clipped = dialects.split(rendered, DISCORD_DESCRIPTION, total=DISCORD_OUTPUT_TOTAL)
     if clipped:
         pieces.append(_clip_note(link, dialects.DISCORD))
-    title = f"{' '.join(n.schedule_name.split())} {outcome_words(n)}"[:DISCORD_TITLE]
+    heading = title(n)[:DISCORD_TITLE]
     color = _DISCORD_COLORS.get(n.event, 0xC62828)
     embeds: list[dict[str, Any]] = []
     for index, piece in enumerate(pieces or [""]):
         embed: dict[str, Any] = {"description": piece, "color": color}
         if index == 0:
-            embed["title"] = title
+            embed["title"] = heading
             if link:
                 embed["url"] = link
         embeds.append(embed)
@@ -149,7 +151,7 @@ def ntfy_message(
             break
         limit = limit * NTFY_BODY_BYTES // len(body.encode()) - 50
     headers = {
-        "Title": _header(f"{n.schedule_name} {outcome_words(n)}"[:200]),
+        "Title": _header(title(n)[:200]),
         "Tags": _NTFY_TAGS.get(n.event, "x"),
         "Priority": "3" if n.succeeded else "4",
         "Markdown": "yes",

@@ -20,11 +20,13 @@ from promptsched.delivery import (
     email_html,
     monitor_lines,
     next_steps,
-    outcome_words,
     output_text,
+    plain,
     report_lines,
     run_link,
+    title,
 )
+from promptsched.human import text
 from promptsched.secret import Secret
 
 if TYPE_CHECKING:
@@ -69,22 +71,38 @@ def _one_line(text: str) -> str:
 
 
 def subject(notification: Notification) -> str:
-    name = _one_line(notification.schedule_name)[:150]
-    if notification.event in REPORTS:
-        return f"[promptsched] {name}: {outcome_words(notification)}"
-    return f"[promptsched] {name} {outcome_words(notification)} ({notification.slot_text()})"
+    n = notification
+    if n.event in REPORTS or n.check is not None:
+        return f"[promptsched] {title(n)[:250]}"
+    return f"[promptsched] {title(n)[:250]} ({n.slot_text()})"
+
+
+def _head(n: Notification) -> list[str]:
+    """Whose message it is and where the run stands, one fact a line."""
+    attempts = text.plural(n.run_attempts, "attempt")
+    ended = _RUN_ENDED.get(n.event, str(n.event))
+    lines = [f"Schedule: {n.schedule_name} (#{n.schedule_id})"]
+    if n.check is not None:
+        lines = [f"Follow-up: {n.check.key} (schedule #{n.schedule_id})"]
+        if n.check.number is not None:
+            lines.append(f"Check:    {n.check.headline(n.timezone).removeprefix('check ')}")
+    return [
+        *lines,
+        f"Slot:     {n.slot_text()}",
+        f"Run:      #{n.run_id} ({n.origin}), {ended} after {attempts}",
+        f"Finished: {n.finished_text()}",
+    ]
+
+
+# How the run ended, for the Run line (a report is about the run that tipped it).
+_RUN_ENDED = {"succeeded": "succeeded", "dead": "failed", "paused": "failed",
+              "escalation": "succeeded", "digest": "skipped", "budget": "skipped"}  # fmt: skip
 
 
 def body(notification: Notification, public_url: str | None = None) -> str:
     """The plain-text part."""
     n = notification
-    finished = n.finished_at.isoformat() if n.finished_at else "-"
-    lines = [
-        f"Schedule: {n.schedule_name} (#{n.schedule_id})",
-        f"Slot:     {n.slot_text()}",
-        f"Run:      #{n.run_id} ({n.origin}), {n.event} after {n.run_attempts} attempt(s)",
-        f"Finished: {finished}",
-    ]
+    lines = _head(n)
     link = run_link(public_url, n)
     if link:
         lines.append(f"Details:  {link}")
@@ -94,9 +112,10 @@ def body(notification: Notification, public_url: str | None = None) -> str:
         output = clip(output_text(n, markdown=False))
         lines += [*monitor, *([""] if monitor else []), "Output:", "", output]
     elif n.event in REPORTS:
-        lines += [str(next_steps(n)), "", *report_lines(n)]
+        lines += [plain(next_steps(n) or ""), "", *report_lines(n)]
     else:
-        lines += [str(next_steps(n)), "", "Last error:", "", clip(n.error or "(none recorded)")]
+        lines += [plain(next_steps(n) or ""), "", "Last error:", "",
+                  clip(n.error or "(none recorded)")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

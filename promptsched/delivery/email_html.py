@@ -80,9 +80,14 @@ def _link(href: str, text: str) -> str:
     return f'<a href="{_esc(href)}" style="{STYLES["a"]}">{_esc(text)}</a>'
 
 
+def _steps(n: Notification) -> str:
+    """What to do now, its commands as code (the sentence is Markdown, sanitized)."""
+    return styled(markup.render_markdown(next_steps(n) or ""))
+
+
 def _content(n: Notification, link: str | None) -> str:
     if n.event in REPORTS:
-        steps = f'<p style="{STYLES["p"]}">{_esc(next_steps(n) or "")}</p>'
+        steps = _steps(n)
         first, *items = report_lines(n)
         rows = "".join(
             f'<li style="{STYLES["li"]}">{_esc(i.removeprefix("- "))}</li>' for i in items
@@ -92,7 +97,7 @@ def _content(n: Notification, link: str | None) -> str:
             + f'<p style="{STYLES["p"]}">{_esc(first)}</p><ul style="{STYLES["ul"]}">{rows}</ul>'
         )
     if not n.succeeded:
-        steps = f'<p style="{STYLES["p"]}">{_esc(next_steps(n) or "")}</p>'
+        steps = _steps(n)
         error, clipped = clip_source(n.error or "(no error recorded)")
         more = "\n[… clipped]" if clipped else ""
         return steps + f'<pre style="{STYLES["pre"]}">{_esc(error + more)}</pre>'
@@ -135,7 +140,7 @@ def html(notification: Notification, public_url: str | None) -> str:
         f'border-top:4px solid {color};border-radius:6px"><tr><td style="padding:20px 24px">'
         f'<p style="margin:0 0 4px;font-size:13px;color:{color};font-weight:600">'
         f"{_esc(outcome_words(n))}</p>"
-        f'<h1 style="font-size:20px;margin:0 0 6px">{_esc(n.schedule_name)}</h1>'
+        f'<h1 style="font-size:20px;margin:0 0 6px">{_esc(n.key)}</h1>'
         f'<p style="margin:0 0 16px;font-size:13px;color:#59636e">{facts}</p>'
         f'<div style="font-size:15px">{_content(n, link)}</div>'
         "</td></tr></table>"

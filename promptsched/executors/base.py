@@ -55,6 +55,8 @@ class ExecutionRequest:
     progress: Progress | None = None
     # the JSON Schema the answer must match (a schedule's output_schema), or None: free text
     output_schema: Mapping[str, Any] | None = None
+    # a follow-up's check: {"key": ..., "vars": {...}} (docs/followups.md), None otherwise
+    followup: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,13 @@ def build_payload(request: ExecutionRequest, model: str | None) -> dict[str, Any
         "params": dict(request.params),
         # the JSON Schema the answer must match (docs/monitors.md), or null: free text
         "output_schema": dict(request.output_schema) if request.output_schema else None,
+        # a follow-up's check: its key and vars, so the endpoint knows which event it is
+        # about without parsing the prompt (docs/followups.md); null for a schedule's run
+        "followup": (
+            {"key": request.followup["key"], "vars": dict(request.followup.get("vars") or {})}
+            if request.followup
+            else None
+        ),
     }
 
 

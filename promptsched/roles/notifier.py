@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from promptsched.clock import Clock
 from promptsched.config import NotifierSettings
-from promptsched.delivery import DeliveryError, Notification, Sender
+from promptsched.delivery import DeliveryError, FollowupCheck, Notification, Sender
 from promptsched.delivery.chat import DiscordSender, NtfySender, SlackSender
 from promptsched.delivery.email import EmailSender, EmailSettings
 from promptsched.delivery.webhook import WebhookSender
@@ -101,7 +101,18 @@ def notification(row: OwedNotification) -> Notification:
         output_json=row.output_json,
         previous_output=row.previous_output,
         previous_json=row.previous_json,
+        check=_check(row),
     )
+
+
+def _check(row: OwedNotification) -> FollowupCheck | None:
+    """Where a follow-up's chain stands after this run (None for a plain schedule's run)."""
+    if row.followup_key is None or row.max_checks is None:
+        return None
+    return FollowupCheck(
+        key=row.followup_key, number=row.check_number, max_checks=row.max_checks,
+        outcome=row.check_outcome, next_at=row.next_check_at,
+    )  # fmt: skip
 
 
 class Notifier:

@@ -198,6 +198,10 @@ class AttemptRunner:
             params=params,
             timeout=row.timeout_seconds,
             output_schema=row.output_schema,
+            followup=(
+                {"key": row.followup_key, "vars": dict(row.vars or {})}
+                if row.followup_key is not None else None
+            ),
             progress=_counting_usage(attempt, AttemptLog(
                 self.pool, self.clock, self.metrics,
                 run_id=row.id, attempt_id=row.attempt_id, attempt=row.attempts,

@@ -51,10 +51,21 @@ SELECT c.*, s.name AS schedule_name, s.owner, s.timezone,
        END AS chat_url,
        r.slot, r.origin, r.status AS run_status, r.attempts AS run_attempts, r.output, r.error,
        r.finished_at, r.output_json,
-       p.output AS previous_output, p.output_json AS previous_json
+       p.output AS previous_output, p.output_json AS previous_json,
+       fu.followup_key, fu.max_checks, fu.check_number, fu.check_outcome, fu.next_check_at
 FROM claimed c
 JOIN runs r ON r.id = c.run_id
 JOIN schedules s ON s.id = c.schedule_id
+-- A follow-up's check says where its chain stands ("check 2 of 5: not resolved, next check
+-- at ..."): the ledger row that the statement finishing the run wrote (followup_record),
+-- found through followup_checks_schedule_idx among the follow-up's own checks.
+LEFT JOIN LATERAL (
+    SELECT f.key AS followup_key, f.max_checks, k.number AS check_number,
+           k.outcome AS check_outcome, k.next_at AS next_check_at
+    FROM followups f
+    LEFT JOIN followup_checks k ON k.schedule_id = f.schedule_id AND k.run_id = c.run_id
+    WHERE f.schedule_id = c.schedule_id
+) fu ON true
 -- A `changed` monitor's message shows what changed since the run it was compared with.
 LEFT JOIN runs p ON c.event = 'succeeded' AND p.id = (c.details ->> 'since')::bigint
 -- A follow-up's escalation goes to its step's own targets (followups.escalate), the rest to
