@@ -239,3 +239,18 @@ async def test_schedules_list_and_show_in_words(pool: asyncpg.Pool[Any], dsn: st
     assert _cli(dsn, "schedules", "show", "5") == SCHEDULE_SHOW
     shown = json.loads(_cli(dsn, "schedules", "show", "5", "--json"))
     assert shown["enabled"] is False and shown["paused_until"] == "2026-11-24T07:00:20+00:00"
+
+
+PREVIEW = """\
+cron 30 2 * * * (every day at 02:30), in America/New_York:
+  2026-03-07 02:30 EST   2026-03-07 07:30 UTC   in 7 h 30 min
+  2026-03-08 03:00 EDT   2026-03-08 07:00 UTC   in 1 d 7 h
+  2026-03-09 02:30 EDT   2026-03-09 06:30 UTC   in 2 d 6 h
+"""
+
+
+def test_preview_in_words_zone_and_utc() -> None:
+    done = run_cli("preview", "30 2 * * *", "--tz", "America/New_York", "--count", "3",
+                   "--from", "2026-03-07T00:00:00Z",
+                   env={"PROMPTSCHED_CLI_NOW": "2026-03-07T00:00:00Z"})  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, PREVIEW, "")

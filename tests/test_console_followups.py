@@ -71,12 +71,24 @@ async def test_place_see_and_cancel_a_followup(ui: Console, pool: asyncpg.Pool[A
         "'recheck', now() + interval '6 hours', '{0}', now())",
         row["schedule_id"], run,
     )  # fmt: skip
+    # ... and a final one that asked for nothing: resolved, not "no decision".
+    await pool.execute(
+        "INSERT INTO followup_checks (schedule_id, run_id, number, status, decision, outcome, "
+        "at) VALUES ($1, NULL, 2, 'succeeded', NULL, 'done', now())", row["schedule_id"],
+    )  # fmt: skip
+    await pool.execute(
+        'UPDATE schedules SET notify = \'{"email": ["ops@example.com"]}\' WHERE id = $1',
+        row["schedule_id"],
+    )
     page = await ui.get("/followups/order-4711?done=followup_created")
     assert page.status == 200
     for text in ("Follow-up created.", "check again in 6 h", "not resolved: checked again",
-                 f"#{run}", "step 1", "after 2 unresolved checks: email boss@example.com",
+                 f"#{run}", "step 1", "resolved (no recheck asked)",
+                 "<dt>Notify</dt><dd>email ops@example.com on success and failure</dd>",
+                 "<dt>Escalation</dt><dd>after 2 unresolved checks: email boss@example.com</dd>",
                  "Has order {{ order_id }} shipped?", "Cancel follow-up"):  # fmt: skip
         assert text in page.text, text
+    assert "no decision" not in page.text
     # Another owner sees nothing of it.
     ui.logout_cookies()
     await ui.login_as("bob")

@@ -341,3 +341,20 @@ async def test_a_provider_cooling_down_is_shown_on_the_schedules_page(
     assert "Provider <b>llm</b> is cooling down until" in page
     assert "rate limited (429)" in page and "in 1 min" in page
     assert "<b>old</b>" not in page  # its cool-down is over
+
+
+async def test_replay_links_name_the_run_they_lead_to(ui: Console, pool: asyncpg.Pool[Any]) -> None:
+    sid = await _schedule(pool, "alice", name="flaky", max_attempts=1,
+                          params={"fail_attempts": 1})  # fmt: skip
+    dead = await _run(pool, "alice", sid)
+    async with api_support.client(pool) as api:
+        replay = await api.post(f"/v1/runs/{dead}/replay", await api.token("alice"))
+        assert replay.status == 201, replay.body
+    again = replay.body["id"]
+    await ui.login_as("alice")
+    page = await ui.get(f"/runs/{dead}")
+    assert f'replayed as <a href="/runs/{again}">run #{again}</a>' in page.text
+    page = await ui.get(f"/runs/{again}")
+    assert f'replay of <a href="/runs/{dead}">run #{dead}</a>' in page.text
+    dead_letters = await ui.get("/dead")
+    assert f'replayed as <a href="/runs/{again}">run #{again}</a>' in dead_letters.text

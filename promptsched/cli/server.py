@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ from promptsched.cli import backend, common, direct, remote
 from promptsched.cli.common import database, instant, run_async, with_conn
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
+from promptsched.human import describe, times
 from promptsched.store import migrate
 
 
@@ -84,12 +86,26 @@ def cmd_preview(args: argparse.Namespace, config: configuration.Config) -> int:
     if args.json:
         print(json.dumps(data))
         return 0
-    print(f"{data['kind']} {data['expression']!r} in {data['timezone']}:")
-    for row in data["fire_times"]:
-        print(f"  {row['local']}   ({row['utc']})")
-    if not data["fire_times"]:
-        print("  (no more fire times)")
+    print(preview_text(data, common.now_of(args)))
     return 0
+
+
+def preview_text(data: dict[str, Any], now: datetime) -> str:
+    """The expression in words, then each fire time in its zone, in UTC, and from now."""
+    zone = data["timezone"]
+    words = describe.describe(data["kind"], data["expression"])
+    said = f" ({words})" if words != data["expression"] else ""
+    lines = [f"{data['kind']} {data['expression']}{said}, in {zone}:"]
+    utc = [times.instant(row["utc"]) for row in data["fire_times"]]
+    seconds = times.any_seconds(utc)
+    for fire in utc:
+        assert fire is not None
+        local = times.local(fire, zone, seconds=seconds)
+        also = "" if zone == "UTC" else f"   {times.local(fire, 'UTC', seconds=seconds)}"
+        lines.append(f"  {local}{also}   {times.relative(fire, now)}")
+    if not utc:
+        lines.append("  (no more fire times)")
+    return "\n".join(lines)
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
