@@ -260,6 +260,11 @@ async def _drain(
             "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)", after.lsn, before.lsn
         )
         succeeded = await conn.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+        # Where the slots' time went: in attempts (the call, the answer's handling, the final
+        # write until its commit), or idle between one attempt's end and the next one's start.
+        busy = await conn.fetchval(
+            "SELECT extract(epoch FROM sum(finished_at - attempt_started_at))::float8 FROM runs"
+        )
         stats = await server.call("/stats")
     finally:
         for service in services:
@@ -267,6 +272,8 @@ async def _drain(
         await conn.close()
     figures = _figures(before, after, conc, n, float(last) - started, peak)
     figures.update({
+        "attempt_s_mean": busy / n,
+        "slot_idle_share": 1 - busy / (conc * (float(last) - started)),
         "wal_bytes_per_run": float(wal) / n,
         "calls": stats["requests"],
         "calls_doubled": stats["duplicates"],

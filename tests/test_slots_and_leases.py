@@ -173,7 +173,7 @@ async def test_a_provider_with_nothing_pending_is_asked_again_only_when_work_may
         assert "idle" not in asked
 
         async def due_again() -> bool:
-            return time.monotonic() >= workers._drained["idle"]
+            return time.monotonic() >= workers.waiting.drained["idle"]
 
         await wait_until(due_again, timeout=5, what="the idle run's moment")
         asked.clear()

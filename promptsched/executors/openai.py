@@ -225,7 +225,8 @@ class OpenAIExecutor:
                 connect_timeout=settings.connect_timeout.total_seconds(),
             )
             parsed = parse_chat_reply(reply.json(self.name), self.name)
-            return dataclasses.replace(parsed, pace=ratelimit.pace_of(reply.headers))
+            pace = ratelimit.pace_of(reply.headers)
+            return parsed if pace is None else dataclasses.replace(parsed, pace=pace)
         except ExecutorError as exc:
             raise http_client.redact_error(exc, settings.api_key) from None
 

@@ -29,6 +29,12 @@ _FAMILIES = (
     ("x-ratelimit-remaining-{}", "x-ratelimit-reset-{}"),
     ("anthropic-ratelimit-{}-remaining", "anthropic-ratelimit-{}-reset"),
 )
+# Every (remaining, reset) header pair, in the order the families and limits are listed.
+_NAMES = tuple(
+    (remaining.format(limit), reset.format(limit))
+    for remaining, reset in _FAMILIES
+    for limit in _LIMITS
+)
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|us|µs|ns|h|m|s))+")
@@ -73,17 +79,19 @@ def _now(headers: Mapping[str, str], now: datetime | None) -> datetime:
 
 def pace_of(headers: Mapping[str, str], now: datetime | None = None) -> Pace | None:
     """The pacing the headers ask for: the longest wait of a limit with nothing remaining,
-    capped at MAX_PACE; None when no limit is exhausted or nothing is readable."""
+    capped at MAX_PACE; None when no limit is exhausted or nothing is readable. Every answer
+    passes here: the ``Date`` header is read only when a limit is exhausted."""
     lowered = {key.lower(): value for key, value in headers.items()}
-    reference = _now(lowered, now)
+    reference: datetime | None = None
     best: Pace | None = None
-    for remaining_name, reset_name in _FAMILIES:
-        for limit in _LIMITS:
-            remaining = _remaining(lowered.get(remaining_name.format(limit)))
-            reset = lowered.get(reset_name.format(limit))
-            if remaining is None or remaining > 0 or reset is None:
-                continue
-            seconds = parse_reset(reset, reference)
-            if seconds is not None and (best is None or seconds > best.seconds):
-                best = Pace(min(seconds, MAX_PACE), reset_name.format(limit))
+    for remaining_name, reset_name in _NAMES:
+        remaining = _remaining(lowered.get(remaining_name))
+        reset = lowered.get(reset_name)
+        if remaining is None or remaining > 0 or reset is None:
+            continue
+        if reference is None:
+            reference = _now(lowered, now)
+        seconds = parse_reset(reset, reference)
+        if seconds is not None and (best is None or seconds > best.seconds):
+            best = Pace(min(seconds, MAX_PACE), reset_name)
     return best

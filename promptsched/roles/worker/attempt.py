@@ -127,7 +127,8 @@ def watched(run: ClaimedRun, item: queries.Finish, outcome: Outcome) -> queries.
     if item.status != RunStatus.SUCCEEDED or not isinstance(outcome, ExecutionResult):
         return item
     data = outcome.data
-    item = dataclasses.replace(item, output_json=data)
+    if data is not None:
+        item = dataclasses.replace(item, output_json=data)
     condition = conditions.parsed(run.notify_when)
     if condition.kind == "always":
         return item

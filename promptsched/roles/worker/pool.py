@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -29,9 +28,15 @@ from promptsched.roles.worker.fleet import Fleet
 from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.roles.worker.inflight import InFlight, InFlightAttempts, StopReason
 from promptsched.roles.worker.runner import AttemptRunner
+from promptsched.roles.worker.waiting import Waiting
 from promptsched.store import queries
 
 log = structlog.get_logger("worker")
+
+# At most this many runs per claim: at 5,000 slots one claim took 5,000 runs, and starting
+# them (decoding the rows, then each attempt's first steps up to its request, all in the next
+# turn of the event loop) held the loop for half a second (W9, docs/performance.md).
+CLAIM_MAX = 512
 
 
 def default_worker_id() -> str:
@@ -62,15 +67,8 @@ class WorkerPool:
         self.slots = settings.slots
         self.worker_id = settings.worker_id or default_worker_id()
         self.finalizer = Finalizer(pool, clock, self.worker_id, metrics)
-        self.max_sleep = settings.max_sleep
         self.wakeup = Wakeup()
-        # Providers whose last claim took all they had, and when (monotonic) their next run
-        # becomes available (max_sleep ahead when none is pending): not asked again before
-        # then unless a NOTIFY says runs were written. A claim of the unused `echo` ran beside
-        # every claim of a busy provider, one round trip each.
-        self._drained: dict[str, float] = {}
         self.claiming = True
-        self._blocked_backoff = 0.0
         # Attempts whose executor is running. An attempt whose final write is queued still
         # holds its lease (it stays in ``inflight``, heartbeats go on) but not a slot, so the
         # next claim overlaps the previous batch's write.
@@ -83,6 +81,7 @@ class WorkerPool:
         self._idle_gauge = metrics.worker_slots.labels("idle")
         self._child = Children()
         self.fleet = Fleet(pool, clock, metrics, self._child, self.limiters)
+        self.waiting = Waiting(pool, clock, self.limiters, self.fleet, settings.max_sleep)
         self.attempts = AttemptRunner(
             pool, clock, metrics, registry, self.limiters, heartbeat, self.finalizer, self.fleet,
             self._child, settings, self.worker_id, self._forget,
@@ -90,7 +89,7 @@ class WorkerPool:
         self._update_slot_gauge()
 
     def notify(self, _payload: str | None = None) -> None:
-        self._drained.clear()
+        self.waiting.clear()
         self.wakeup.set()
 
     def _update_slot_gauge(self) -> None:
@@ -110,8 +109,8 @@ class WorkerPool:
         """Claim as many runs as free slots and provider limits allow, and start each."""
         started = 0
         for provider, limiter in self.limiters.items():
-            want = min(self._free_slots(), limiter.available())
-            if want <= 0 or self._drained.get(provider, 0.0) > time.monotonic():
+            want = min(self._free_slots(), limiter.available(), CLAIM_MAX)
+            if want <= 0 or self.waiting.skipped(provider):
                 continue
             if limiter.fleet:
                 rows = await self.fleet.claim(provider, want, self.worker_id, self.heartbeat.lease)
@@ -125,10 +124,10 @@ class WorkerPool:
                     self.heartbeat.lease,
                 )
             self._count_claim(rows)
-            if len(rows) < want and rows.claimable <= len(rows):
-                await self._drain(provider)  # it took all there was (none held by others)
-            else:
-                self._drained.pop(provider, None)
+            if self.waiting.claimed(provider, rows, want):
+                await self.waiting.drain(provider)
+            if rows:
+                self._idle = anyio.Event()
             for row in rows:
                 permit = limiter.try_acquire()
                 attempt = InFlight(
@@ -143,22 +142,12 @@ class WorkerPool:
                 self._executing += 1
                 self._start(row, attempt)
                 started += 1
-            if rows:
-                self._idle = anyio.Event()
         if self.fleet.moved:  # runs went on to a fallback: claim them without waiting
             self.fleet.moved = 0
-            self._drained.clear()
+            self.waiting.clear()
             self.wakeup.set()
         self._update_slot_gauge()
         return started
-
-    async def _drain(self, provider: str) -> None:
-        """Leave ``provider`` out of the claims until its next pending run is available."""
-        ahead = await queries.run_seconds_until_available(
-            self.pool, self.clock.sql_now(), [provider]
-        )
-        wait = self.max_sleep.total_seconds() if ahead is None else max(0.0, ahead)
-        self._drained[provider] = time.monotonic() + wait
 
     def _count_claim(self, claim: queries.Claim) -> None:
         """One result per claim: contended when runs it wanted and could have taken were held
@@ -168,34 +157,7 @@ class WorkerPool:
         self._child(self.metrics.claims, result).inc()
 
     async def seconds_until_work(self) -> float:
-        cap = self.max_sleep.total_seconds()
-        if self._free_slots() <= 0:
-            return cap  # a finishing attempt wakes us
-        now = time.monotonic()
-        ready = [
-            p
-            for p, limiter in self.limiters.items()
-            if limiter.available() > 0 and self._drained.get(p, 0.0) <= now
-        ]
-        rate_waits = [  # a provider at its limit: until its next permit or rate token
-            limiter.seconds_until_available()
-            for limiter in self.limiters.values()
-            if limiter.available() <= 0
-        ]
-        # A provider left out of the claims is asked again when its next run is available.
-        cap = min([cap, *(until - now for until in self._drained.values() if until > now)])
-        if not ready:
-            return max(0.0, min([cap, *rate_waits]))
-        if self.fleet.waits:  # a fleet-wide limit held a provider's last claim back
-            cap = min(cap, *self.fleet.waits.values())
-        ahead = await queries.run_seconds_until_available(self.pool, self.clock.sql_now(), ready)
-        if ahead is not None and ahead <= 0:
-            # Available work we could not claim: another replica holds it, or a serial run
-            # waits for its predecessor. Back off (50 ms doubling to 1 s) rather than spin.
-            self._blocked_backoff = min(1.0, max(0.05, self._blocked_backoff * 2))
-            return min(cap, self._blocked_backoff)
-        self._blocked_backoff = 0.0
-        return cap if ahead is None else min(cap, ahead)
+        return await self.waiting.seconds_until_work(self._free_slots())
 
     # --- executing ------------------------------------------------------------------------
 
@@ -250,7 +212,7 @@ class WorkerPool:
     async def run_once(self) -> int:
         """Drain mode: claim and execute everything due now, then return the number run."""
         total = 0
-        self._drained.clear()
+        self.waiting.clear()
         try:
             async with anyio.create_task_group() as tg:
                 self.attempts.tg = tg
@@ -264,7 +226,7 @@ class WorkerPool:
                     if started == 0 and idle_before and not self.inflight:
                         break
                     if started == 0:
-                        self._drained.clear()  # the next claim asks every provider again
+                        self.waiting.clear()  # the next claim asks every provider again
                     await self.wakeup.wait(0.05 if started == 0 else 0)
                 tg.cancel_scope.cancel()
         finally:
@@ -274,8 +236,6 @@ class WorkerPool:
     async def _dispatch_once(self) -> float:
         """Claim what can be claimed; how long to wait before the next claim."""
         started = await self.claim()
-        if started:
-            self._blocked_backoff = 0.0
         return 0.0 if started else await self.seconds_until_work()
 
     async def _dispatch(self) -> None:

@@ -260,10 +260,9 @@ class AttemptRunner:
         return self._finish(attempt, row, item)
 
     def _routed(self, item: queries.Finish, provider: str) -> queries.Finish:
-        """The write with the provider the attempt used; a move to a fallback that this
-        process does not know (the configuration changed since the schedule was saved) stays
-        where it is. A move is counted by provider pair."""
-        item = dataclasses.replace(item, provider=provider)
+        """A move to a fallback that this process does not know (the configuration changed
+        since the schedule was saved) stays where it is. A move is counted by provider pair.
+        (The provider the attempt used is written by ``_finish``.)"""
         if item.reroute is None:
             return item
         target = item.reroute[1]
