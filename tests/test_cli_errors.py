@@ -210,6 +210,7 @@ async def test_notifications_list_and_replay_print_only_their_answer(
     )  # fmt: skip
     listed = run_cli("notifications", "list", dsn=dsn)
     assert listed.returncode == 0 and "smtp: 550 no such user" in listed.stdout
+    assert f"#{sid} mailed" in listed.stdout
     assert not listed.stderr
     replayed = run_cli("notifications", "replay", str(note), dsn=dsn)
     assert (replayed.returncode, replayed.stdout, replayed.stderr) == (

@@ -14,6 +14,7 @@ from promptsched.errors import ValidationError
 
 _COLUMNS = (
     ("ID", "id", 8),
+    ("SCHEDULE", "schedule", 20),
     ("RUN", "run_id", 8),
     ("CHANNEL", "channel", 8),
     ("EVENT", "event", 10),
@@ -30,8 +31,9 @@ def cmd_dead(args: argparse.Namespace, config: configuration.Config) -> int:
         data = await api.dead_notifications(args.limit)
         if args.json:
             print(json.dumps(data))
-        else:
-            table(data, _COLUMNS)
+        else:  # the schedule's name beside its id
+            table([{**n, "schedule": f"#{n['schedule_id']} {n.get('schedule_name') or ''}"}
+                   for n in data], _COLUMNS)  # fmt: skip
         return 0
 
     return backend.run(args, config, action)
