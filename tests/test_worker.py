@@ -273,9 +273,10 @@ async def test_attempts_finishing_together_share_one_final_write(
 async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
     pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two slots. The first pair's final write is held: their slots are free already, so the
-    # next pair is claimed and run meanwhile; then no more (queued writes are bounded to one
-    # slot count), and nothing is lost when the write goes through.
+    # Two slots. Final writes are held: the first pair's slots are free already, so the next
+    # pair is claimed and run meanwhile (its write held by the finalizer's second writer); then
+    # no more (queued writes are bounded to one slot count), and nothing is lost when the
+    # writes go through.
     sid = await factories.schedule(pool)
     for second in range(6):
         await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
@@ -283,13 +284,12 @@ async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
     gate = anyio.Event()
     held: list[int] = []
 
-    async def held_first(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
-        if not held:
-            held.append(len(batch))
-            await gate.wait()
+    async def held_writes(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
+        held.append(len(batch))
+        await gate.wait()
         return await finish_many(db, now, batch, worker_id)
 
-    monkeypatch.setattr(queries, "run_finish_many", held_first)
+    monkeypatch.setattr(queries, "run_finish_many", held_writes)
     workers = factories.worker_pool(pool, FrozenClock(EPOCH), slots=2)
     claimed: list[int] = []
     claim_batch = queries.run_claim_batch
@@ -307,11 +307,11 @@ async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
 
         tg.start_soon(drain)
 
-        async def four_running() -> bool:
-            return (await _statuses(pool)).get("running") == 4
+        async def both_pairs_writing() -> bool:
+            return held == [2, 2]
 
-        await wait_until(four_running, timeout=10, what="the second pair claimed")
-        assert held == [2] and claimed == [2, 2]
+        await wait_until(both_pairs_writing, timeout=10, what="both pairs' writes held")
+        assert claimed == [2, 2] and (await _statuses(pool)).get("running") == 4
         assert len(workers.inflight) == 4  # both pairs keep their leases (heartbeats go on)
         gate.set()
     assert await _statuses(pool) == {"succeeded": 6}

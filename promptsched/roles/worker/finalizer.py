@@ -28,8 +28,12 @@ Done = Callable[[Outcome], None]
 class Finalizer:
     """Every write is conditioned on its own attempt_id, so batching changes no outcome.
 
-    While one batch is in flight the next one queues up, so the batch size follows the load:
-    one row when the process is quiet, hundreds in a rush, with one round trip each.
+    While a batch is in flight the next one queues up, so the batch size follows the load:
+    one row when the process is quiet, hundreds in a rush, with one round trip each. Two
+    writers, each with a batch in flight: behind one writer, a wave of answers (thousands of
+    slow calls started together end together) queued batch after batch, and each run's
+    provider permit and its slot's next claim waited (W9 at 2,000 in flight: a final write's
+    mean 30 -> 13 ms, 0.84 -> 0.93 of the ideal wall time, docs/performance.md).
     """
 
     def __init__(
@@ -41,6 +45,7 @@ class Finalizer:
         *,
         max_batch: int = 256,
         write_timeout: float = 10.0,
+        writers: int = 2,
     ) -> None:
         self.pool = pool
         self.clock = clock
@@ -48,6 +53,7 @@ class Finalizer:
         self._metrics = metrics
         self.max_batch = max_batch
         self.write_timeout = write_timeout
+        self.writers = writers
         self._queue: list[tuple[queries.Finish, Done]] = []
         self._ready = anyio.Event()
 
@@ -61,35 +67,42 @@ class Finalizer:
         self._ready.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await self._ready.wait()
-            self._ready = anyio.Event()
-            await self.flush()
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.writers):
+                tg.start_soon(self._writer)
+            task_status.started()
 
-    async def flush(self) -> None:
-        """Write every queued item, a batch at a time."""
-        while self._queue:
+    async def _writer(self) -> None:
+        """Write what is queued, a batch at a time."""
+        while True:
+            while not self._queue:
+                ready = self._ready
+                await ready.wait()
+                if self._ready is ready:
+                    self._ready = anyio.Event()
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            outcome: set[int] | Exception
-            # Shielded and bounded: a shutdown must not cut a final write in half, and a hung
-            # database must not hold the worker forever (the leases expire; the reaper decides).
-            with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + self.write_timeout
-                started = time.perf_counter()
-                try:
-                    outcome = await queries.run_finish_many(
-                        self.pool, self.clock.sql_now(), [item for item, _ in batch], self.worker_id
-                    )
-                    if self._metrics is not None:
-                        self._metrics.final_write_seconds.observe(time.perf_counter() - started)
-                except Exception as exc:  # asyncpg raises more than PostgresError when a
-                    # connection dies: report it to every attempt of the batch, never crash
-                    outcome = exc
-            if scope.cancelled_caught:
-                outcome = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
-            for item, done in batch:
-                try:
-                    done(item.run_id in outcome if isinstance(outcome, set) else outcome)
-                except Exception:  # a bug in one report must not stop the others' writes
-                    log.exception("finalizer.report_failed", run_id=item.run_id)
+            await self._write(batch)
+
+    async def _write(self, batch: list[tuple[queries.Finish, Done]]) -> None:
+        outcome: set[int] | Exception
+        # Shielded and bounded: a shutdown must not cut a final write in half, and a hung
+        # database must not hold the worker forever (the leases expire; the reaper decides).
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + self.write_timeout
+            started = time.perf_counter()
+            try:
+                outcome = await queries.run_finish_many(
+                    self.pool, self.clock.sql_now(), [item for item, _ in batch], self.worker_id
+                )
+                if self._metrics is not None:
+                    self._metrics.final_write_seconds.observe(time.perf_counter() - started)
+            except Exception as exc:  # asyncpg raises more than PostgresError when a
+                # connection dies: report it to every attempt of the batch, never crash
+                outcome = exc
+        if scope.cancelled_caught:
+            outcome = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
+        for item, done in batch:
+            try:
+                done(item.run_id in outcome if isinstance(outcome, set) else outcome)
+            except Exception:  # a bug in one report must not stop the others' writes
+                log.exception("finalizer.report_failed", run_id=item.run_id)
