@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -114,6 +115,21 @@ def test_build_context_gives_local_and_utc_times() -> None:
         "previous_output": "old",
     }
     assert set(context) == set(template.VARIABLES)
+
+
+def test_build_context_of_the_names_a_prompt_uses() -> None:
+    """Asked for names that need no date, it builds only those; any time-bound name gets the
+    whole context, the same values as without ``names``."""
+    fields: dict[str, Any] = {
+        "run_id": 5, "schedule_id": 2, "schedule_name": "digest",
+        "slot": datetime(2024, 3, 30, 23, 30, tzinfo=UTC), "timezone": "Europe/Paris",
+    }  # fmt: skip
+    assert template.build_context(**fields, names={"run_id", "schedule_name"}) == {
+        "run_id": "5",
+        "schedule_name": "digest",
+    }
+    whole = template.build_context(**fields)
+    assert template.build_context(**fields, names={"run_id", "date"}) == whole
 
 
 def test_build_context_without_a_previous_run() -> None:

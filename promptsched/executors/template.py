@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import UTC, datetime
 from functools import lru_cache
 from zoneinfo import ZoneInfo
@@ -143,14 +143,26 @@ def build_context(
     previous_output: str | None = None,
     previous_slot: datetime | None = None,
     previous_output_chars: int | None = None,
+    names: Collection[str] | None = None,
 ) -> dict[str, str]:
-    """The template variables for one run; ``slot`` must be timezone-aware.
+    """The template variables for one run; ``slot`` must be timezone-aware. With ``names``,
+    only those the prompt uses when none is about time: a prompt that names the run or the
+    schedule only (a run id to look up, as thousands of calls in flight may) skips the zone
+    and the dates.
 
     ``previous_output`` may come already cut to ``PREVIOUS_OUTPUT_CHARS`` (the query reads no
     more), with ``previous_output_chars`` its whole length: the marker then says how much is
     missing. A longer text given whole is cut here."""
     if slot.tzinfo is None:
         raise ValueError("slot must be timezone-aware")
+    if names is not None and not set(names) - _PLAIN:
+        plain = {
+            "schedule_name": schedule_name,
+            "schedule_id": str(schedule_id),
+            "run_id": str(run_id),
+            "timezone": timezone,
+        }
+        return {name: plain[name] for name in names}
     zone = ZoneInfo(timezone)
     local = slot.astimezone(zone)
     return {
@@ -165,6 +177,10 @@ def build_context(
         "previous_slot": previous_slot.astimezone(zone).isoformat() if previous_slot else "",
         "previous_output": _cut(previous_output or "", previous_output_chars),
     }
+
+
+# The variables that need neither the zone nor a date.
+_PLAIN = frozenset({"schedule_name", "schedule_id", "run_id", "timezone"})
 
 
 def _cut(text: str, whole: int | None) -> str:

@@ -43,6 +43,7 @@ async def prompt_of(db: queries.DB, row: ClaimedRun) -> tuple[str, dict[str, Any
         previous_output=previous["output"] if previous else None,
         previous_slot=previous["slot"] if previous else None,
         previous_output_chars=previous["output_chars"] if previous else None,
+        names=used - given,
     )
     context.update({name: _var_text(value) for name, value in (row.vars or {}).items()})
     prompt = template.render(row.prompt, context, extra=given)
