@@ -15,6 +15,7 @@ import anyio
 import asyncpg
 
 from promptsched import config as configuration
+from promptsched import eventloop
 from promptsched.clock import Clock, FrozenClock
 from promptsched.errors import ValidationError
 from promptsched.human import text as human_text
@@ -115,6 +116,11 @@ def _say(message: str) -> None:
 
 def run_async(fn: Callable[[], Awaitable[int]]) -> int:
     return anyio.run(fn)
+
+
+def run_service(fn: Callable[[], Awaitable[int]]) -> int:
+    """``promptsched run``: on the service's event loop (promptsched/eventloop.py)."""
+    return anyio.run(fn, backend_options={"loop_factory": eventloop.new_event_loop})
 
 
 async def with_conn(dsn: str, fn: Command) -> int:

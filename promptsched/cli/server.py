@@ -15,7 +15,7 @@ from promptsched import config as configuration
 from promptsched import logs
 from promptsched.api import app as api_app
 from promptsched.cli import backend, common, direct, remote
-from promptsched.cli.common import database, instant, run_async, with_conn
+from promptsched.cli.common import database, instant, run_async, run_service, with_conn
 from promptsched.clock import Clock
 from promptsched.errors import ValidationError
 from promptsched.human import describe, times
@@ -34,7 +34,7 @@ def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
             await Supervisor(config, dsn).run()
             return 0
 
-        return run_async(main)
+        return run_service(main)
 
 
 def _check_port(host: str, port: int) -> None:

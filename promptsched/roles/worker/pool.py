@@ -35,8 +35,9 @@ log = structlog.get_logger("worker")
 
 # At most this many runs per claim: at 5,000 slots one claim took 5,000 runs, and starting
 # them (decoding the rows, then each attempt's first steps up to its request, all in the next
-# turn of the event loop) held the loop for half a second (W9, docs/performance.md).
-CLAIM_MAX = 512
+# turn of the event loop) held the loop for half a second (W9, docs/performance.md); 256 are
+# a few tens of milliseconds.
+CLAIM_MAX = 256
 
 
 def default_worker_id() -> str:
