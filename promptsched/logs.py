@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -89,6 +91,22 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(_LEVELS[level])
+
+
+@contextmanager
+def configured(level: str, fmt: str) -> Iterator[None]:
+    """``configure`` for a block, then the logging as it was: a command run inside a process
+    that has its own (a test calling ``cli.main``) leaves it unchanged."""
+    global _threshold
+    root = logging.getLogger()
+    saved = (structlog.get_config(), _threshold, list(root.handlers), root.level)
+    configure(level, fmt)
+    try:
+        yield
+    finally:
+        structlog.configure(**saved[0])
+        _threshold, root.handlers = saved[1], saved[2]
+        root.setLevel(saved[3])
 
 
 def _keep(logger: Any, method: str, event: Any) -> Any:

@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import asyncpg
 
@@ -152,13 +153,14 @@ def main(argv: Sequence[str] | None = None, *, clock: Clock | None = None) -> in
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
-    if args.command != "run":
-        logs.configure("warning", "console")  # a command's own output is its words, not logs
+    # A command's own output is its words, not log lines (`run` configures the service's).
+    quiet = logs.configured("warning", "console") if args.command != "run" else nullcontext()
     try:
-        args.clock = clock or common.pinned_clock(os.environ)
-        config = configuration.load(overrides=overrides)
-        code = int(args.func(args, config))
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        with quiet:
+            args.clock = clock or common.pinned_clock(os.environ)
+            config = configuration.load(overrides=overrides)
+            code = int(args.func(args, config))
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except BaseException as exc:  # every error a user can cause becomes one line
         return _report(_leaf(exc))
