@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -103,3 +105,23 @@ class PermanentError(ExecutorError):
 
 class AttemptTimeout(RetryableError):
     """The attempt ran past the schedule's timeout."""
+
+
+_UNREACHABLE = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
+                errno.ENETUNREACH: "network unreachable", errno.ETIMEDOUT: "timed out",
+                errno.ENOENT: "no server socket there"}  # fmt: skip
+
+
+def connect_failure(exc: BaseException) -> str | None:
+    """A connection that could not be made, in a few words ("connection refused"), or None for
+    any other error. asyncpg joins several addresses' failures in one OSError whose text is
+    "Multiple exceptions: [Errno 111] Connect call failed ...", without an errno of its own."""
+    if isinstance(exc, socket.gaierror):
+        return "no such host"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno in _UNREACHABLE:
+        return _UNREACHABLE[exc.errno]
+    return "connection refused" if "Connect call failed" in str(exc) else None

@@ -218,3 +218,16 @@ async def test_notifications_list_and_replay_print_only_their_answer(
         f"notification {note} is owed again\n",
         "",
     )
+
+
+def test_doctor_says_an_unreachable_database_in_words(tmp_path: Path) -> None:
+    """asyncpg words a refused connection as 'Multiple exceptions: [Errno 111] Connect call
+    failed (...)'; doctor's line says what happened and what to check."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"postgresql://nobody@127.0.0.1:{probe.getsockname()[1]}/nope"
+    done = run_cli("doctor", "--database-url", closed,
+                   env={"PROMPTSCHED_DATA_DIR": str(tmp_path / "none")})  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    assert "database: cannot connect: connection refused" in done.stdout, done.stdout
+    assert not LIBRARY.search(done.stdout + done.stderr), done.stdout + done.stderr

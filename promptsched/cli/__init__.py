@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -106,8 +104,8 @@ def _report(exc: BaseException) -> int:
         case asyncpg.ClientConfigurationError():
             return _fail(f"{DATABASE_URL}: not a Postgres URL; write it as "
                          "postgresql://USER@HOST:5432/DATABASE", common.EXIT_BAD_INPUT)  # fmt: skip
-        case OSError() if _unreachable(exc):
-            return _fail(f"cannot connect to the database ({_connect_words(exc)}): is Postgres "
+        case OSError() if errors.connect_failure(exc):
+            return _fail(f"cannot connect to the database ({errors.connect_failure(exc)}): is Postgres "
                          f"running, and is {DATABASE_URL} (or --database-url) right?",
                          common.EXIT_OTHER)  # fmt: skip
         case PromptschedError() | OSError() | asyncpg.PostgresError():
@@ -118,24 +116,6 @@ def _report(exc: BaseException) -> int:
 
 
 DATABASE_URL = configuration.env_name("database_url")
-_UNREACHABLE = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
-                errno.ENETUNREACH: "network unreachable", errno.ETIMEDOUT: "timed out",
-                errno.ENOENT: "no server socket there"}  # fmt: skip
-
-
-def _unreachable(exc: OSError) -> bool:
-    """A connection that could not be made (in direct mode the only one is the database's;
-    remote mode words its own). asyncpg joins several addresses' failures in one OSError."""
-    return (isinstance(exc, socket.gaierror | TimeoutError) or exc.errno in _UNREACHABLE
-            or "Connect call failed" in str(exc))  # fmt: skip
-
-
-def _connect_words(exc: OSError) -> str:
-    if isinstance(exc, socket.gaierror):
-        return "no such host"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return _UNREACHABLE.get(exc.errno or 0, "connection refused")
 
 
 def _quiet_stdout() -> int:

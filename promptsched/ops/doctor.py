@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import asyncpg
 
+from promptsched import errors
 from promptsched.config import Config
 from promptsched.executors.settings import parse_providers
 from promptsched.ops import fleet, probes
@@ -41,7 +42,8 @@ async def run(config: Config, dsn: str, published: fleet.Published) -> dict[str,
         conn = await probes.connect(dsn)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         checks.append(Check(
-            "database", "fail", f"cannot connect: {str(exc) or type(exc).__name__}",
+            "database", "fail",
+            f"cannot connect: {errors.connect_failure(exc) or str(exc) or type(exc).__name__}",
             "check PROMPTSCHED_DATABASE_URL (or, for the embedded database, that "
             "`promptsched run` started it), and that Postgres is up",
         ))  # fmt: skip
