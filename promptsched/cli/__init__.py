@@ -104,9 +104,9 @@ def _report(exc: BaseException) -> int:
         case asyncpg.ClientConfigurationError():
             return _fail(f"{DATABASE_URL}: not a Postgres URL; write it as "
                          "postgresql://USER@HOST:5432/DATABASE", common.EXIT_BAD_INPUT)  # fmt: skip
-        case OSError() if errors.connect_failure(exc):
-            return _fail(f"cannot connect to the database ({errors.connect_failure(exc)}): is Postgres "
-                         f"running, and is {DATABASE_URL} (or --database-url) right?",
+        case OSError() if words := errors.connect_failure(exc):
+            return _fail(f"cannot connect to the database ({words}): is Postgres running, "
+                         f"and is {DATABASE_URL} (or --database-url) right?",
                          common.EXIT_OTHER)  # fmt: skip
         case PromptschedError() | OSError() | asyncpg.PostgresError():
             return _fail(str(exc) or type(exc).__name__, common.EXIT_OTHER)
