@@ -13,7 +13,9 @@ renewals and final writes per run and a final write's mean time (the service's m
 server's count of calls: every run called exactly once (``requests == N``, no key twice).
 
 ``BENCH_W9_CONCS`` (default ``500,2000,5000``), ``BENCH_W9_REPLICAS`` (``2x2000``; empty: none),
-``BENCH_W9_LATENCY`` (2), ``BENCH_W9_PER_C`` (10).
+``BENCH_W9_LATENCY`` (2), ``BENCH_W9_PER_C`` (10). ``BENCH_W9_SCHEDULE`` sets columns of the
+one schedule every run belongs to, as JSON: ``'{"notify_when": "changed"}'`` measures the same
+drain for a monitor whose every success is compared with the one before it.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ async def _runs(conn: asyncpg.Connection[Any], n: int) -> None:
         "INSERT INTO schedules (name, kind, expression, prompt, provider) "
         "VALUES ('w9', 'cron', '0 9 * * 1', 'W9 job {{ run_id }}', 'llm')"
     )
+    await _schedule_options(conn, json.loads(os.environ.get("BENCH_W9_SCHEDULE") or "{}"))
     await conn.execute(
         "INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at) "
         "SELECT (SELECT min(id) FROM schedules), now() - g * interval '1 millisecond', "
@@ -190,6 +193,26 @@ async def _runs(conn: asyncpg.Connection[Any], n: int) -> None:
     )
     await conn.execute("ANALYZE")
     await conn.execute("CHECKPOINT")
+
+
+async def _schedule_options(conn: asyncpg.Connection[Any], options: dict[str, Any]) -> None:
+    """BENCH_W9_SCHEDULE: the schedule's columns, read from the JSON as the table types them."""
+    known = {
+        row["column_name"]
+        for row in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'schedules'"
+        )
+    }
+    unknown = set(options) - known
+    if unknown:
+        raise SystemExit(f"BENCH_W9_SCHEDULE: no such schedules columns {sorted(unknown)}")
+    if options:
+        columns = ", ".join(f'"{name}"' for name in options)
+        await conn.execute(
+            f"UPDATE schedules s SET ({columns}) = "
+            f"(SELECT {columns} FROM jsonb_populate_record(s, $1::text::jsonb))",
+            json.dumps(options),
+        )
 
 
 async def _ready(port: int) -> None:
@@ -260,6 +283,9 @@ async def _drain(
             "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)", after.lsn, before.lsn
         )
         succeeded = await conn.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+        decided = await conn.fetchval(  # a monitor's decisions (BENCH_W9_SCHEDULE)
+            "SELECT count(*) FROM runs WHERE notify_decision IS NOT NULL"
+        )
         # Where the slots' time went: in attempts (the call, the answer's handling, the final
         # write until its commit), or idle between one attempt's end and the next one's start.
         busy = await conn.fetchval(
@@ -279,6 +305,7 @@ async def _drain(
         "calls_doubled": stats["duplicates"],
         "calls_lost": n - stats["keys"],
         "succeeded": succeeded,
+        "decided": decided,
     })  # fmt: skip
     return figures
 
