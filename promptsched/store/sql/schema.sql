@@ -373,13 +373,6 @@ CREATE FUNCTION public.provider_learned_rate(p_allowance double precision, p_win
     AS $$
     SELECT 0.9 * provider_allowance(p_allowance, p_window, p_learned_at, p_now) / p_window
 $$;
-CREATE FUNCTION public.provider_running_add(p_provider text, p_worker text, p_side text, p_runs bigint) RETURNS void
-    LANGUAGE sql
-    AS $$
-    INSERT INTO provider_running AS c (provider, shard, side, runs)
-    VALUES (p_provider, hashtext(coalesce(p_worker, '')) & 15, p_side, p_runs)
-    ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs
-$$;
 CREATE FUNCTION public.provider_running_count(p_provider text) RETURNS integer
     LANGUAGE sql STABLE
     AS $$
@@ -422,24 +415,20 @@ CREATE FUNCTION public.runs_count_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- Per provider and shard, the rows running after the statement less those running
-    -- before it: a renewal nets to nothing and writes nothing. Two aggregates, no join of the
-    -- transition tables: Postgres knows nothing of their sizes, and a join of them was
-    -- planned as a nested loop (2,000 rows each: 590 ms). Counter rows are written in key
-    -- order, so that two statements never wait on each other's rows crosswise.
+    -- Per provider, the rows running after the statement less those running before it: a
+    -- renewal nets to nothing and writes nothing. Two aggregates, no join of the transition
+    -- tables (0029). One counter row per provider side, in key order.
     INSERT INTO provider_running AS c (provider, shard, side, runs)
-    SELECT t.provider, t.shard, CASE WHEN sum(t.runs) > 0 THEN 'started' ELSE 'ended' END,
-           abs(sum(t.runs))
+    SELECT t.provider, pg_backend_pid() % 16,
+           CASE WHEN sum(t.runs) > 0 THEN 'started' ELSE 'ended' END, abs(sum(t.runs))
     FROM (
-        SELECT n.provider, hashtext(coalesce(n.worker_id, '')) & 15 AS shard, 1 AS runs
-        FROM new_runs n WHERE n.status = 'running'
+        SELECT n.provider, 1 AS runs FROM new_runs n WHERE n.status = 'running'
         UNION ALL
-        SELECT o.provider, hashtext(coalesce(o.worker_id, '')) & 15, -1
-        FROM old_runs o WHERE o.status = 'running'
+        SELECT o.provider, -1 FROM old_runs o WHERE o.status = 'running'
     ) AS t
-    GROUP BY t.provider, t.shard
+    GROUP BY t.provider
     HAVING sum(t.runs) <> 0
-    ORDER BY t.provider, 3, t.shard
+    ORDER BY t.provider
     ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs;
     RETURN NULL;
 END
@@ -448,11 +437,11 @@ CREATE FUNCTION public.runs_count_row() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        PERFORM provider_running_add(NEW.provider, NEW.worker_id, 'started', 1);
-    ELSE
-        PERFORM provider_running_add(OLD.provider, OLD.worker_id, 'ended', 1);
-    END IF;
+    INSERT INTO provider_running AS c (provider, shard, side, runs)
+    VALUES (CASE WHEN TG_OP = 'INSERT' THEN NEW.provider ELSE OLD.provider END,
+            pg_backend_pid() % 16,
+            CASE WHEN TG_OP = 'INSERT' THEN 'started' ELSE 'ended' END, 1)
+    ON CONFLICT (provider, side, shard) DO UPDATE SET runs = c.runs + excluded.runs;
     RETURN NULL;
 END
 $$;
