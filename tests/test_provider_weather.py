@@ -338,3 +338,31 @@ async def test_runs_waiting_behind_an_open_breaker_go_to_the_fallback_at_once(
     ] * 2
     models = [request.json["model"] for request in fake.requests]
     assert models.count("gpt-primary") == 1 and models.count("gpt-backup") == 6, models
+
+
+async def test_a_run_throttled_when_nothing_else_was_pending_is_retried_when_asked(
+    dsn: str, pool: asyncpg.Pool[Any], tmp_path: Path, fake: fake_server.FakeOpenAI
+) -> None:
+    """The worker's claim took the provider's only run, so it asks that provider again only
+    when its next run is due (or after its idle sleep, 30 s here). The run's answer is a 429
+    asking for 1 s: the retry goes out about 1 s later, not when the idle sleep ends (the
+    burst test met this at the end of a burst as a probe 5 s late, the default sleep)."""
+    fake.script(fake_server.rate_limited("1"))
+    env = {
+        "PROMPTSCHED_PROVIDERS": "solo",
+        "PROMPTSCHED_PROVIDER_SOLO_KIND": "openai",
+        "PROMPTSCHED_PROVIDER_SOLO_BASE_URL": fake.base_url,
+        "PROMPTSCHED_PROVIDER_SOLO_MODEL": "gpt-fake",
+        "PROMPTSCHED_WORKER_MAX_SLEEP": "30s",
+    }
+    service = Service(dsn, tmp_path / "solo.log", env=env, args=("--workers", "8"))
+    try:
+        await service.ready()
+        sid = await _burst(pool, "solo", 1)
+        await _settled(pool, sid, 1, timeout=15)
+    finally:
+        service.stop()
+    assert await _statuses(pool, sid) == {"succeeded": 1}
+    arrivals = [request.at for request in fake.requests]
+    assert len(arrivals) == 2, arrivals
+    assert 1.0 <= arrivals[1] - arrivals[0] < 5.0, arrivals  # as asked, not the idle sleep

@@ -98,6 +98,7 @@ class AttemptRunner:
         settings: WorkerSettings,
         worker_id: str,
         forget: Callable[[InFlight], None],
+        requeued: Callable[[str, float], None],
     ) -> None:
         self.pool = pool
         self.clock = clock
@@ -113,6 +114,7 @@ class AttemptRunner:
         self.prices = settings.prices
         self.worker_id = worker_id
         self._forget = forget
+        self._requeued = requeued
         self.tg: TaskGroup | None = None
 
     async def run(self, row: ClaimedRun, attempt: InFlight) -> bool:
@@ -325,7 +327,11 @@ class AttemptRunner:
                 self._child(self.metrics.fenced_writes, "finish").inc()
                 self.heartbeat.fence(attempt, "finalize_rejected")
             else:
-                if item.status != RunStatus.PENDING:
+                if item.status == RunStatus.PENDING:  # due again after retry_in, maybe elsewhere
+                    wait = item.retry_in.total_seconds() if item.retry_in is not None else 0.0
+                    target = item.reroute[1] if item.reroute is not None else attempt.provider
+                    self._requeued(target, wait)
+                else:
                     self._child(self.metrics.runs_finished, item.status).inc()
                 if item.status == RunStatus.DEAD and self.tg is not None:
                     # The attempt stays ours until the check is done, so drain waits for it.

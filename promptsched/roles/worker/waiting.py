@@ -46,6 +46,16 @@ class Waiting:
         """Runs may have been written anywhere: ask every provider again."""
         self.drained.clear()
 
+    def requeued(self, provider: str, seconds: float) -> None:
+        """This process wrote a run of ``provider`` back to ``pending`` (a retry, a throttle, a
+        move to a fallback), available in ``seconds``. A mark set while nothing of it was
+        pending (then it lasts ``max_sleep``) must not outlast the run: the run is retried when
+        it is due, not when the dispatcher's idle sleep ends. No NOTIFY says so: the process
+        that wrote the run claims it."""
+        until = self.drained.get(provider)
+        if until is not None:
+            self.drained[provider] = min(until, time.monotonic() + max(0.0, seconds))
+
     def claimed(self, provider: str, claim: queries.Claim, want: int) -> bool:
         """Whether ``claim`` took all ``provider`` had (fewer than wanted, none held by others):
         then ``drain`` leaves it out until its next run."""
