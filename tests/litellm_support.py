@@ -17,13 +17,12 @@ parallel_request_limiter_v3.py, router pre-call checks) and checked here:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import aiohttp
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 LITELLM = Path(os.environ.get("PROMPTSCHED_LITELLM", ROOT / ".venv-litellm" / "bin" / "litellm"))
@@ -62,13 +61,6 @@ router_settings:
 """.replace("DEPLOYMENT_RPM", str(DEPLOYMENT_RPM))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class LiteLLMProxy:
     """One proxy process; ``log`` is what it printed (each request's status among it)."""
 
@@ -81,7 +73,7 @@ class LiteLLMProxy:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "auth.py").write_text(_AUTH)
         (workdir / "config.yaml").write_text(_CONFIG)
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.log = workdir / "litellm.log"
         env = {

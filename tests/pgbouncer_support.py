@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 
 from promptsched.store.embedded import EmbeddedPostgres
+from tests.helpers import free_port
 
 PGBOUNCER = os.environ.get("PROMPTSCHED_PGBOUNCER", "/usr/sbin/pgbouncer")
 HOW_TO_INSTALL = (
     "install PgBouncer (`make pgbouncer-deps`, or apt-get install pgbouncer) or point "
     "PROMPTSCHED_PGBOUNCER at its binary"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class PgBouncer:
@@ -37,7 +31,7 @@ class PgBouncer:
     ) -> None:
         if not os.access(PGBOUNCER, os.X_OK):
             pytest.fail(f"missing {PGBOUNCER}: {HOW_TO_INSTALL}", pytrace=False)
-        self.port = _free_port()
+        self.port = free_port()
         # Readable by the unprivileged user PgBouncer runs as when the tests run as root.
         self.dir = Path(tempfile.mkdtemp(prefix="pgb-", dir="/tmp"))
         self.dir.chmod(0o755)

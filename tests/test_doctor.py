@@ -31,7 +31,7 @@ from promptsched.store.embedded import EmbeddedPostgres
 from promptsched.web import auth
 from tests import factories, litellm_support
 from tests.fakes.smtp import FakeSMTP, start_fake_smtp
-from tests.helpers import Service, run_cli
+from tests.helpers import Service, free_port, run_cli
 from tests.pgbouncer_support import PgBouncer
 from tests.test_notifier import EPOCH, finished_run, notified_schedule
 
@@ -275,7 +275,7 @@ async def test_doctor_exits_0_on_a_healthy_setup_and_1_when_broken_directly_and_
     dsn: str, tmp_path: Path, smtp: FakeSMTP, proxy: litellm_support.LiteLLMProxy
 ) -> None:
     await proxy.ready()
-    port = litellm_support._free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     healthy = {
         **smtp.env(), **_provider_env(proxy.base_url, "sk-free"),

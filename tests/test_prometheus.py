@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -35,7 +34,7 @@ from promptsched.metrics import PROVIDERS, Metrics
 from promptsched.ops import notify_targets
 from tests import factories
 from tests.fakes.http_sink import Reply, start_http_sink
-from tests.helpers import Service, wait_until
+from tests.helpers import Service, free_port, wait_until
 from tests.test_alerts import ALERTS, promtool
 from tests.test_observability import DASHBOARD, _walk
 
@@ -63,13 +62,6 @@ def prometheus_binary() -> str:
             "(or set PROMPTSCHED_PROMETHEUS)"
         )
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _seconds(text: str) -> int:
@@ -102,7 +94,7 @@ class Prometheus:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.targets = workdir / "targets.json"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 

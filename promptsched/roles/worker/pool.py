@@ -85,7 +85,7 @@ class WorkerPool:
         self.waiting = Waiting(pool, clock, self.limiters, self.fleet, settings.max_sleep)
         self.attempts = AttemptRunner(
             pool, clock, metrics, registry, self.limiters, heartbeat, self.finalizer, self.fleet,
-            self._child, settings, self.worker_id, self._forget, self._requeued,
+            self._child, settings, self.worker_id, self._forget, self.waiting.requeued,
         )  # fmt: skip
         self._update_slot_gauge()
 
@@ -194,10 +194,6 @@ class WorkerPool:
             if not submitted:
                 self._forget(attempt)
             self.wakeup.set()  # a slot is free: the dispatcher claims (and updates the gauge)
-
-    def _requeued(self, provider: str, seconds: float) -> None:
-        """A run this process wrote back to ``pending`` is due in ``seconds``: claim it then."""
-        self.waiting.requeued(provider, seconds)
 
     def _forget(self, attempt: InFlight) -> None:
         """The attempt is over for this process: no more heartbeats, its lease is not ours."""
