@@ -237,6 +237,8 @@ class AttemptRunner:
             jitter=random.random(),
             usage=self._account(row, attempt.provider, usage),
             unavailable=self.fleet.unavailable(),
+            provider=attempt.provider,
+            model=self.prices.model(attempt.provider, row.model),
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
         item = watched(row, item, outcome)
@@ -295,9 +297,11 @@ class AttemptRunner:
         return usage
 
     def _finish(self, attempt: InFlight, row: ClaimedRun, item: queries.Finish) -> bool:
-        # the model it used: its route's place's, else its provider's default
-        used = self.prices.model(attempt.provider, row.model)
-        item = dataclasses.replace(item, provider=attempt.provider, model=used)
+        # the model it used: its route's place's, else its provider's default (settle writes
+        # both into an attempt's own write; the skips are built without them)
+        if item.provider is None:
+            used = self.prices.model(attempt.provider, row.model)
+            item = dataclasses.replace(item, provider=attempt.provider, model=used)
         if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
             # A follow-up's check ended: the finish records it (and any next check).
             item = dataclasses.replace(item, check={"decision": None})
