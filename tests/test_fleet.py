@@ -83,6 +83,7 @@ def test_the_published_configuration_holds_no_secret_and_says_what_each_setting_
     assert shop["kind"] == "openai" and shop["base_url"] == "https://llm.example/v1"
     assert shop["models"] == ["gpt-4o-mini"] and shop["key"] is True
     assert shop["limits"]["max_concurrency"] == 2 and shop["fallbacks"] == []
+    assert shop["structured_output"] == "strict"
     assert shared["webhook_allow"] == ["127.0.0.1/32", "hooks.internal"]
     assert shared["notify"]["email"] == {
         "configured": True, "host": "mail.internal", "port": 587, "tls": "starttls",
@@ -98,6 +99,8 @@ def test_the_fingerprint_covers_what_replicas_share_and_not_what_is_their_own() 
     limit = {**BASE_ENV, "PROMPTSCHED_PROVIDER_SHOPCHECK_MAX_CONCURRENCY": "3"}
     assert _published(limit).fingerprint != base.fingerprint
     assert _published({**BASE_ENV, "PROMPTSCHED_SMTP_TLS": "none"}).fingerprint != base.fingerprint
+    modes = {**BASE_ENV, "PROMPTSCHED_PROVIDER_SHOPCHECK_STRUCTURED_OUTPUT": "json_object"}
+    assert _published(modes).fingerprint != base.fingerprint
     # Another key or password, roles, slots or tools now: the same configuration.
     rekeyed = {**BASE_ENV, "SHOP_KEY": "sk-other", "PROMPTSCHED_SMTP_PASSWORD": "other"}
     assert _published(rekeyed).fingerprint == base.fingerprint

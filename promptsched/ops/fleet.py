@@ -71,6 +71,8 @@ def _provider(p: ProviderSettings, priced: Sequence[str | None]) -> dict[str, An
             "fleet_wide": p.fleet,
         },
         "timeout": format_duration(p.request_timeout),
+        # how an output_schema is asked for: replicas that differ answer differently
+        "structured_output": p.structured_output,
         "fallbacks": [],  # providers name no fallbacks of their own: schedules do
     }
 
