@@ -32,8 +32,11 @@ LITELLM_VENV    ?= .venv-litellm
 LITELLM_VERSION ?= 1.80.0
 LITELLM_STAMP   := $(LITELLM_VENV)/.installed-$(LITELLM_VERSION)
 # Test processes (pytest-xdist): most tests wait on real services, leases and signals rather
-# than on the CPU, so three share two cores well. PYTEST_WORKERS=0 runs in one process.
+# than on the CPU, so three share two cores well. PYTEST_WORKERS=0 runs in one process. Work
+# stealing: a process that ran out of tests takes some of another's, so the minute-long tests
+# (a proxy's per-minute window, a real Prometheus) do not leave the other two idle at the end.
 PYTEST_WORKERS ?= 3
+PYTEST_DIST    ?= $(if $(filter 0,$(PYTEST_WORKERS)),no,worksteal)
 
 .PHONY: litellm install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
 
@@ -69,7 +72,7 @@ $(LITELLM_STAMP):
 litellm: $(LITELLM_STAMP)
 
 test: install litellm $(BROWSER_DEPS) $(PGBOUNCER_DEPS) $(PROMETHEUS_DEPS)
-	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) $(PYTEST_ARGS)
 
 browser-deps:
 	@if [ -x $(CHROMIUM) ] && [ -x $(CHROMEDRIVER) ]; then exit 0; fi; \
