@@ -24,6 +24,7 @@ from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import ProviderSettings, parse_providers
 from promptsched.metrics import Metrics
+from promptsched.monitor import patterns as output_patterns
 from promptsched.ops import doctor, fleet
 from promptsched.roles.loop import Rush
 from promptsched.roles.loop_probe import LoopProbe
@@ -125,6 +126,7 @@ class Supervisor:
                 await registry.aclose()
                 await self.tools.aclose()
                 await pool.close()
+                output_patterns.close()  # the output_schema pattern checker, if it started
             log.info("supervisor.stopped")
 
     @property

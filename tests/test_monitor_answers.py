@@ -188,3 +188,40 @@ async def test_changed_at_a_pointer_ignores_the_rest(pool: asyncpg.Pool[Any]) ->
         (b, f"/status unchanged since run {a}"),
         (c, f"/status changed since run {a}"),
     ]
+
+
+CODE = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"}},
+    "required": ["code"],
+    "additionalProperties": False,
+}
+
+
+async def test_a_pattern_that_backtracks_ends_the_run_dead_and_a_plain_one_still_checks(
+    pool: asyncpg.Pool[Any], fake: fake_server.FakeOpenAI
+) -> None:
+    hostile = {**CODE, "properties": {"code": {"type": "string", "pattern": "^(a+)+$"}}}
+    # ``re`` alone would take minutes on this answer (tests/test_output_patterns.py).
+    fake.script(
+        fake_server.ok(json.dumps({"code": "a" * 32 + "!"})),
+        fake_server.ok('{"code": "abc-1"}'),
+        fake_server.ok('{"code": "ABC-12"}'),
+    )
+    slow = await fake_run(pool, prompt="Slow", output_schema=hostile, max_attempts=3)
+    async with fake_workers(pool, FrozenClock(EPOCH), fake.base_url, timeout="20s") as workers:
+        assert await workers.run_once() == 1
+        plain = await fake_run(pool, prompt="Plain", output_schema=CODE)
+        assert await workers.run_once() == 1
+    dead = await run_row(pool, slow)
+    assert (dead["status"], dead["attempts"]) == ("dead", 1)  # permanent: asked once, no retry
+    assert dead["error"].startswith(
+        "fake: the output_schema's patterns took longer than 0.5 s on this answer: simplify "
+        "the pattern at /properties/code/pattern"
+    )
+    spent = await pool.fetchval("SELECT usage FROM ended_attempts WHERE run_id = $1", slow)
+    assert spent["total_tokens"] == 10  # the answer's tokens are still counted
+    done = await run_row(pool, plain)
+    assert (done["status"], done["output_json"]) == ("succeeded", {"code": "ABC-12"})
+    again = fake.requests[2].json["messages"][-1]["content"]
+    assert "at /code: 'abc-1' does not match '^[A-Z]{3}-[0-9]+$'" in again

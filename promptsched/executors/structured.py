@@ -1,7 +1,9 @@
 """Answers in a schema: an attempt whose schedule has an ``output_schema`` reads its answer as
 JSON and checks it; an answer that is not JSON or does not match is asked for once more with
 the problem told (appended to the conversation, or sent to a webhook), and a second miss fails
-the run for good, naming the failing path (docs/monitors.md)."""
+the run for good, naming the failing path; a schema whose patterns take too long on an answer
+fails it for good at once (monitor/patterns.py checks those off the event loop). See
+docs/monitors.md."""
 
 from __future__ import annotations
 
@@ -10,21 +12,31 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from promptsched.errors import PermanentError
+from promptsched.errors import PermanentError, RetryableError
 from promptsched.executors.base import ExecutionResult
+from promptsched.monitor import patterns
 from promptsched.monitor import schema as output_schema
 
 Ask = Callable[[], Awaitable[ExecutionResult]]
 AskAgain = Callable[[ExecutionResult, str], Awaitable[ExecutionResult]]
 
 
-def problem(schema: Mapping[str, Any], result: ExecutionResult) -> tuple[Any, str | None]:
-    """``(data, None)`` when the answer is JSON matching ``schema``, else ``(None, why)``."""
+async def problem(
+    schema: Mapping[str, Any], result: ExecutionResult, *, provider: str, usage: Any
+) -> tuple[Any, str | None]:
+    """``(data, None)`` when the answer is JSON matching ``schema``, else ``(None, why)``. A
+    schema whose patterns take too long on the answer ends the attempt for good (a
+    PermanentError carrying ``usage``), never the event loop's time (monitor/patterns.py)."""
     try:
         data = result.data if result.data is not None else output_schema.read_answer(result.output)
     except ValueError as exc:
         return None, str(exc)
-    found = output_schema.problem(schema, data)
+    try:
+        found = await patterns.problem(schema, data)
+    except patterns.TooSlow as exc:
+        raise PermanentError(f"{provider}: {exc}", usage=usage or None) from None
+    except patterns.Unavailable as exc:
+        raise RetryableError(f"{provider}: {exc}", usage=usage or None) from None
     return (None, f"the answer does not match the output_schema {found}") if found else (data, None)
 
 
@@ -62,12 +74,12 @@ async def answer(
     given the first answer and what is wrong with it. ``cumulative``: the second result's
     usage already counts the first's (an agent's running total)."""
     first = await ask()
-    data, why = problem(schema, first)
+    data, why = await problem(schema, first, provider=provider, usage=first.usage)
     if why is None:
         return dataclasses.replace(first, data=data)
     second = await again(first, why)
     usage = dict(second.usage or {}) if cumulative else _summed(first.usage, second.usage)
-    data, why_again = problem(schema, second)
+    data, why_again = await problem(schema, second, provider=provider, usage=usage)
     if why_again is not None:
         raise PermanentError(f"{provider}: {why_again} (asked twice)", usage=usage or None)
     return dataclasses.replace(second, data=data, usage=usage or None)

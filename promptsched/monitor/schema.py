@@ -81,7 +81,7 @@ def check(value: Any) -> dict[str, Any] | None:
             FIELD, f"at /$schema: unknown dialect {dialect!r:.80}; known: {known}"
         )
     try:
-        _validator_class(schema).check_schema(schema)
+        validator_class(schema).check_schema(schema)
     except schema_errors.SchemaError as exc:
         message = _clip(exc.message)
         raise ValidationError(
@@ -109,7 +109,8 @@ _DIALECTS: dict[str, Any] = {
 }
 
 
-def _validator_class(schema: Mapping[str, Any]) -> Any:
+def validator_class(schema: Mapping[str, Any]) -> Any:
+    """The jsonschema class of the schema's dialect (Draft 2020-12 unless it says otherwise)."""
     dialect = schema.get("$schema")
     found = _DIALECTS.get(str(dialect).rstrip("#")) if dialect is not None else None
     return found or jsonschema.Draft202012Validator
@@ -120,10 +121,11 @@ def _clip(text: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def _validator(text: str) -> Any:
-    # Cached by the schema's text: every run of a schedule checks against the same schema.
+def validator(text: str) -> Any:
+    """The jsonschema validator of a schema's canonical text (``key``), cached by it: every
+    run of a schedule checks against the same schema."""
     schema = json.loads(text)
-    return _validator_class(schema)(schema)
+    return validator_class(schema)(schema)
 
 
 def key(schema: Mapping[str, Any]) -> str:
@@ -145,11 +147,37 @@ def read_answer(text: str) -> Any:
 
 
 def problem(schema: Mapping[str, Any], data: Any) -> str | None:
-    """Why ``data`` does not match ``schema`` (``at /path: message``), or None when it does."""
-    error = schema_errors.best_match(_validator(key(schema)).iter_errors(data))
+    """Why ``data`` does not match ``schema`` (``at /path: message``), or None when it does.
+    It runs the schema's regular expressions on ``data`` here: the service checks a schema
+    that has any in a process of its own (``patterns.py``)."""
+    return explain(validator(key(schema)), data)
+
+
+def explain(checker: Any, data: Any) -> str | None:
+    """Why ``data`` does not match the schema of ``checker`` (a jsonschema validator)."""
+    error = schema_errors.best_match(checker.iter_errors(data))
     if error is None:
         return None
     return f"at {_where(error.absolute_path)}: {_clip(error.message)}"
+
+
+@lru_cache(maxsize=1024)
+def has_patterns(text: str) -> bool:
+    """Whether the schema (its canonical text, ``key``) holds a ``pattern`` or a
+    ``patternProperties`` anywhere: the keywords whose regular expressions jsonschema runs on
+    the answer (those of patternProperties in additionalProperties and unevaluatedProperties
+    too); a value in ``const`` or ``enum`` that looks like one counts
+    too (a check in the other process costs little; a missed pattern could stall the loop)."""
+    stack: list[Any] = [json.loads(text)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("pattern"), str) or item.get("patternProperties"):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def strict_compatible(schema: Mapping[str, Any]) -> bool:
