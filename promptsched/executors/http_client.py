@@ -8,6 +8,10 @@ transport failures and bodies) mapped onto the executor error tree.
 | other 5xx, 408 (``Retry-After`` honoured) | RetryableError   |
 | 3xx (not followed), other 4xx             | PermanentError   |
 | unparsable or incomplete 2xx body         | PermanentError   |
+
+A request that a server closed a REUSED connection under, before any byte of an answer (the
+keep-alive race, ``http_pool.closed_unanswered``), is first sent once more on a new
+connection, within the same request timeout; only if that fails too is it one of the above.
 """
 
 from __future__ import annotations
@@ -16,19 +20,25 @@ import asyncio
 import email.utils
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from typing import Any
 
 import aiohttp
-from aiohttp.abc import AbstractResolver
+import structlog
 
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError, PermanentError, RetryableError, Throttled
-from promptsched.executors import ratelimit
+from promptsched.executors import http_pool, ratelimit
 from promptsched.secret import Secret
+
+log = structlog.get_logger("http")
+
+# A provider's sessions (``http_pool.LazySession``: a resend on a new connection is possible),
+# or one plain aiohttp session (a probe's: every request is sent once).
+Session = aiohttp.ClientSession | http_pool.LazySession
 
 EXCERPT_CHARS = 300
 MAX_RESPONSE_BYTES = 10 * 1024 * 1024
@@ -199,56 +209,6 @@ class HttpReply:
             raise invalid_response(provider, f"body is not JSON ({exc})") from None
 
 
-def open_session(
-    *,
-    connect_timeout: float,
-    max_concurrency: int,
-    resolver: AbstractResolver | None = None,
-) -> aiohttp.ClientSession:
-    """One session per provider. The whole-request timeout is applied per call by
-    ``post_json``; the pool is larger than the provider's limit so the ``Limiter``, not the
-    pool, is what makes callers wait. With a ``resolver`` (the address guard's), every
-    connection goes to an address it returned: no DNS cache outlives its check."""
-    limit = max(100, max_concurrency)
-    if resolver is None:
-        connector = aiohttp.TCPConnector(limit=limit)
-    else:
-        connector = aiohttp.TCPConnector(limit=limit, resolver=resolver, use_dns_cache=False)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout)
-
-
-class LazySession:
-    """One provider's session, opened on first use (and again if it was closed), closed by
-    ``aclose``. ``resolver`` builds the resolver of each new session (the address guard's)."""
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        max_concurrency: int,
-        resolver: Callable[[], AbstractResolver] | None = None,
-    ) -> None:
-        self._connect_timeout = connect_timeout
-        self._max_concurrency = max_concurrency
-        self._resolver = resolver
-        self._http: aiohttp.ClientSession | None = None
-
-    def get(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = open_session(
-                connect_timeout=self._connect_timeout,
-                max_concurrency=self._max_concurrency,
-                resolver=self._resolver() if self._resolver is not None else None,
-            )
-        return self._http
-
-    async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
-
-
 def request_headers(
     configured: Mapping[str, str], api_key: Secret | None, *, user_agent: str = "promptsched"
 ) -> dict[str, str]:
@@ -284,10 +244,11 @@ async def _exchange(
     data: bytes | None,
     headers: Mapping[str, str],
     provider: str,
+    wire: http_pool.Wire | None = None,
 ) -> HttpReply:
     method = "GET" if data is None else "POST"
     async with session.request(
-        method, url, data=data, headers=headers, allow_redirects=False
+        method, url, data=data, headers=headers, allow_redirects=False, trace_request_ctx=wire
     ) as response:
         body = await _read_limited(response, provider)
         if not 200 <= response.status < 300:
@@ -297,8 +258,27 @@ async def _exchange(
         return HttpReply(response.status, response.headers, body, response.charset)
 
 
+async def _send(
+    session: Session, url: str, data: bytes | None, headers: Mapping[str, str], provider: str
+) -> HttpReply:
+    """One exchange; on a provider's sessions, once more on a new connection when a reused one
+    was closed under it before any answer (the server may have read the request, never
+    answered it: the same as what a retried attempt would send, without spending one)."""
+    if isinstance(session, aiohttp.ClientSession):
+        return await _exchange(session, url, data, headers, provider)
+    wire = http_pool.Wire()
+    try:
+        return await _exchange(session.get(), url, data, headers, provider, wire)
+    except (aiohttp.ClientError, OSError) as exc:
+        if not http_pool.closed_unanswered(exc, wire):
+            raise
+        # Never the headers or the URL: they may hold the API key.
+        log.debug("http_resent_on_new_connection", provider=provider, error=type(exc).__name__)
+    return await _exchange(session.fresh(), url, data, headers, provider)
+
+
 async def post_json(
-    session: aiohttp.ClientSession,
+    session: Session,
     url: str,
     payload: Mapping[str, Any],
     *,
@@ -323,7 +303,7 @@ async def post_json(
 
 
 async def get(
-    session: aiohttp.ClientSession,
+    session: Session,
     url: str,
     *,
     headers: Mapping[str, str],
@@ -336,7 +316,7 @@ async def get(
 
 
 async def _request(
-    session: aiohttp.ClientSession,
+    session: Session,
     url: str,
     data: bytes | None,
     headers: Mapping[str, str],
@@ -348,7 +328,7 @@ async def _request(
         # asyncio's timeout, not anyio's fail_after: the same TimeoutError for a fraction of
         # the cost (a cancel scope was a tenth of an attempt's CPU at thousands in flight).
         async with asyncio.timeout(request_timeout):
-            return await _exchange(session, url, data, headers, provider)
+            return await _send(session, url, data, headers, provider)
     except ExecutorError:
         raise
     except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's timeouts subclass it

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, http_client, ratelimit, structured
+from promptsched.executors import agent, http_client, http_pool, ratelimit, structured
 from promptsched.executors import budget as budgets
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings, StructuredOutput
@@ -198,7 +198,7 @@ class OpenAIExecutor:
         self._settings = settings
         self._tools = tools
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
-        self._http = http_client.LazySession(
+        self._http = http_pool.LazySession(
             connect_timeout=settings.connect_timeout.total_seconds(),
             max_concurrency=settings.max_concurrency,
         )
@@ -216,7 +216,7 @@ class OpenAIExecutor:
         settings = self._settings
         try:
             reply = await http_client.post_json(
-                self._http.get(),
+                self._http,
                 self._url,
                 payload,
                 headers=http_client.request_headers(settings.headers, settings.api_key),

@@ -15,7 +15,7 @@ import anyio
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError
-from promptsched.executors import http_client
+from promptsched.executors import http_client, http_pool
 from promptsched.executors.settings import ProviderSettings
 
 PROBE_TIMEOUT = 10.0  # seconds, whatever the provider's own request timeout
@@ -43,7 +43,7 @@ async def probe(provider: ProviderSettings, webhook_allow: netguard.Allowlist) -
 
 async def _models(provider: ProviderSettings) -> Probed:
     url = f"{provider.base_url}/models"
-    session = http_client.open_session(connect_timeout=PROBE_TIMEOUT, max_concurrency=1)
+    session = http_pool.open_session(connect_timeout=PROBE_TIMEOUT, max_concurrency=1)
     try:
         reply = await http_client.get(
             session, url,

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError, PermanentError
-from promptsched.executors import http_client, structured
+from promptsched.executors import http_client, http_pool, structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
 from promptsched.executors.settings import ProviderSettings
 
@@ -114,7 +114,7 @@ class WebhookExecutor:
         self._settings = settings
         self._url = settings.base_url
         self._host = urlsplit(settings.base_url).hostname or ""
-        self._http = http_client.LazySession(
+        self._http = http_pool.LazySession(
             connect_timeout=settings.connect_timeout.total_seconds(),
             max_concurrency=settings.max_concurrency,
             resolver=lambda: netguard.GuardedResolver(self.allow),
@@ -153,7 +153,7 @@ class WebhookExecutor:
         settings = self._settings
         try:
             reply = await http_client.post_json(
-                self._http.get(),
+                self._http,
                 self._url,
                 payload,
                 headers=headers,
