@@ -19,6 +19,7 @@ from typing import Any, Literal
 import aiohttp
 import asyncpg
 import pytest
+import structlog.testing
 
 from promptsched import netguard
 from promptsched.clock import FrozenClock
@@ -156,13 +157,17 @@ async def test_a_reused_connection_closed_before_answering_is_sent_again_on_a_ne
 ) -> None:
     async with serving(second_request_unanswered(how)) as (server, session):
         first = await post(session, server.base_url, 1)
-        second = await post(session, server.base_url, 2)
+        with structlog.testing.capture_logs() as logs:
+            second = await post(session, server.base_url, 2)
 
     assert (first.status, second.status) == (200, 200)
     assert second.json("openai")["choices"][0]["message"]["content"] == "fine"
     # The second call went out on the first call's connection, met the close, and was sent
     # once more on a new connection.
     assert server.seen() == [(1, {"call": 1}), (1, {"call": 2}), (2, {"call": 2})]
+    [logged] = logs
+    assert (logged["event"], logged["provider"]) == ("http_resent_on_new_connection", "openai")
+    assert "sk-keepalive-secret" not in repr(logs)  # the headers hold the key: never logged
 
 
 @pytest.mark.parametrize(
