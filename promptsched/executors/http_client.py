@@ -248,8 +248,10 @@ async def _exchange(
 ) -> HttpReply:
     method = "GET" if data is None else "POST"
     async with session.request(
-        method, url, data=data, headers=headers, allow_redirects=False, trace_request_ctx=wire
+        method, url, data=data, headers=headers, allow_redirects=False
     ) as response:
+        if wire is not None:
+            wire.answered = True  # its status line and headers arrived
         body = await _read_limited(response, provider)
         if not 200 <= response.status < 300:
             raise classify_status(
@@ -266,14 +268,14 @@ async def _send(
     answered it: the same as what a retried attempt would send, without spending one)."""
     if isinstance(session, aiohttp.ClientSession):
         return await _exchange(session, url, data, headers, provider)
-    wire = http_pool.Wire()
-    try:
-        return await _exchange(session.get(), url, data, headers, provider, wire)
-    except (aiohttp.ClientError, OSError) as exc:
-        if not http_pool.closed_unanswered(exc, wire):
-            raise
-        # Never the headers or the URL: they may hold the API key.
-        log.debug("http_resent_on_new_connection", provider=provider, error=type(exc).__name__)
+    with http_pool.sending() as wire:
+        try:
+            return await _exchange(session.get(), url, data, headers, provider, wire)
+        except (aiohttp.ClientError, OSError) as exc:
+            if not http_pool.closed_unanswered(exc, wire):
+                raise
+            # Never the headers or the URL: they may hold the API key.
+            log.debug("http_resent_on_new_connection", provider=provider, error=type(exc).__name__)
     return await _exchange(session.fresh(), url, data, headers, provider)
 
 
