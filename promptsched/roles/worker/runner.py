@@ -228,6 +228,8 @@ class AttemptRunner:
         """Queue the attempt's final write; False when it must write nothing."""
         if attempt.stop.writes_nothing:
             return False  # the lease is gone: this attempt writes nothing (nor counts usage)
+        # the model it used: its route's place's, else its provider's default
+        used = self.prices.model(attempt.provider, row.model)
         item = settle(
             row,
             attempt.stop,
@@ -235,10 +237,10 @@ class AttemptRunner:
             retry_base=self.retry_base,
             retry_max=self.retry_max,
             jitter=random.random(),
-            usage=self._account(row, attempt.provider, usage),
+            usage=self._account(row, attempt.provider, usage, used),
             unavailable=self.fleet.unavailable(),
             provider=attempt.provider,
-            model=self.prices.model(attempt.provider, row.model),
+            model=used,
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
         item = watched(row, item, outcome)
@@ -277,16 +279,17 @@ class AttemptRunner:
         return item
 
     def _account(
-        self, row: ClaimedRun, provider: str, usage: dict[str, Any]
+        self, row: ClaimedRun, provider: str, usage: dict[str, Any], used: str | None
     ) -> dict[str, Any] | None:
         """The attempt's reported usage (``reported_usage``) with, when the server prices the
-        provider, its ``cost``; counted in the token and cost metrics. None when empty."""
+        provider, its ``cost``; counted in the token and cost metrics under ``used``, the model
+        it used. None when empty."""
         if not usage:
             return None
         prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
         prices = self.prices
         # A bounded label: a model neither priced nor a provider's default is "other".
-        model = self.metrics.model(provider, prices.model(provider, row.model) or DEFAULT_MODEL)
+        model = self.metrics.model(provider, used or DEFAULT_MODEL)
         for kind, count in (("prompt", prompt), ("completion", completion)):
             if count:
                 self._child(self.metrics.llm_tokens, provider, model, kind).inc(count)
