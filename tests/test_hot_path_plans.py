@@ -129,6 +129,20 @@ def _statements(ids: list[int], attempts: list[Any]) -> dict[str, Statement]:
         "run_claim_limited": lambda c: queries.run_claim_limited(
             c, EPOCH, "llm", 64, "w2", LEASE, max_concurrency=100_000, rate=None, burst=1.0
         ),
+        # The claimer's returned calls counted out by key (0034_provider_admit_calls_in_flight).
+        "run_claim_limited (returned)": lambda c: queries.run_claim_limited(
+            c,
+            EPOCH,
+            "llm",
+            64,
+            "w2",
+            LEASE,
+            max_concurrency=100_000,
+            rate=None,
+            burst=1.0,
+            returned=ids,
+            returned_attempts=attempts,
+        ),  # fmt: skip
         "run_heartbeat_many": lambda c: queries.run_heartbeat_many(c, EPOCH, ids, attempts, LEASE),
         "run_finish_many": lambda c: queries.run_finish_many(c, EPOCH, finishes, "w"),
         "run_finish_many (changed)": lambda c: queries.run_finish_many(c, EPOCH, watched, "w"),
@@ -201,6 +215,9 @@ async def test_no_hot_path_statement_reads_more_with_more_runs_in_flight(
     # The statements did their work (a claim claimed, a finish landed, ...), ...
     for mode in PLANS:
         assert len(first["run_claim_batch", mode][1]) == 64  # type: ignore[arg-type]
+        counted = first["run_claim_limited", mode][1].room.running  # type: ignore[attr-defined]
+        returned = first["run_claim_limited (returned)", mode][1]
+        assert returned.room.running == counted - BATCH  # type: ignore[attr-defined]
         assert len(first["run_finish_many", mode][1]) == BATCH  # type: ignore[arg-type]
         assert len(first["run_finish_many (changed)", mode][1]) == BATCH  # type: ignore[arg-type]
         assert len(first["run_heartbeat_many", mode][1]) == BATCH  # type: ignore[arg-type]

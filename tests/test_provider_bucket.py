@@ -178,7 +178,7 @@ async def test_no_run_is_claimed_while_the_tokens_per_minute_bucket_is_not_posit
     ) as workers:  # fmt: skip
         assert await workers.run_once() == 1  # a full bucket (10) less 10: empty
         assert await _llm_tokens(pool) == 0
-        assert _throttled(metrics, "tokens") == 1  # the next claim took nothing
+        assert _throttled(metrics, "tokens") >= 1  # the next claims took nothing
         assert await workers.run_once() == 0  # not positive: nothing
 
         clock.advance(timedelta(milliseconds=500))  # 5 tokens back

@@ -137,3 +137,42 @@ async def test_concurrent_claims_and_finishes_keep_the_count(pool: asyncpg.Pool[
     await asyncio.gather(*(work(f"w{n}") for n in range(4)))
     counted, running = (await _counted(pool))["llm"]
     assert counted == running > 0  # the runs left running (third attempts) are counted
+
+
+async def test_a_claim_counts_out_only_its_own_returned_calls_still_running(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """A limited claim counts calls in flight: it passes its process's runs whose call has
+    returned (their final write on its way) and provider_admit counts out those still
+    running with the attempt passed, by key; a run whose write committed, one claimed again
+    since (another attempt), or one of another provider is not counted out."""
+    clock = FrozenClock(EPOCH)
+    await _schedule_with_runs(pool, "llm", 6)
+    await _schedule_with_runs(pool, "other", 1)
+    llm = await queries.run_claim_batch(pool, clock.sql_now(), "llm", 6, "w1", LEASE)
+    other = await queries.run_claim_batch(pool, clock.sql_now(), "other", 1, "w1", LEASE)
+    written, retried, returned = llm[0], llm[1], llm[2:4]
+    assert await queries.run_finish_many(
+        pool, clock.sql_now(),
+        [_finish(written, RunStatus.SUCCEEDED), _finish(retried, RunStatus.PENDING)], "w1",
+    )  # fmt: skip
+    again = await queries.run_claim_batch(pool, clock.sql_now(), "llm", 1, "w2", LEASE)
+    assert [r.id for r in again] == [retried.id]  # the retry, claimed with a new attempt
+    await _schedule_with_runs(pool, "llm", 4)  # waiting to be claimed
+
+    async def claim(passed: list[Any], want: int) -> queries.LimitedClaim:
+        claimed = await queries.run_claim_limited(
+            pool, clock.sql_now(), "llm", want, "w1", LEASE, max_concurrency=5, rate=None,
+            burst=1, returned=[r.id for r in passed],
+            returned_attempts=[r.attempt_id for r in passed],
+        )  # fmt: skip
+        assert isinstance(claimed, queries.LimitedClaim)
+        return claimed
+
+    # 5 llm runs are running (4 of w1's first claim, the retry again): the limit is full.
+    nothing = await claim([written, retried, *other], 2)
+    assert (nothing.room.running, len(nothing)) == (5, 0)
+    # Two of them returned their call: two calls in flight less, two places free.
+    two = await claim([written, retried, *returned, *other], 5)
+    assert (two.room.running, len(two)) == (3, 2)
+    await _agree(pool, llm=7, other=1)  # the counters still count every running run

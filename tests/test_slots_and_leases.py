@@ -14,9 +14,11 @@ import pytest
 
 from promptsched.clock import FrozenClock
 from promptsched.config import WorkerSettings
+from promptsched.executors import openai
 from promptsched.executors.base import Registry
 from promptsched.executors.echo import EchoExecutor
 from promptsched.executors.limiter import Limiter
+from promptsched.executors.settings import ProviderSettings
 from promptsched.metrics import Metrics
 from promptsched.prices import Prices
 from promptsched.roles.worker import WorkerPool
@@ -25,6 +27,7 @@ from promptsched.roles.worker.inflight import InFlight
 from promptsched.store import queries
 from tests import factories
 from tests.factories import EPOCH
+from tests.fakes import openai_server as fake_server
 from tests.helpers import wait_until
 
 LEASE = timedelta(seconds=30)
@@ -95,7 +98,12 @@ async def test_the_heartbeat_loop_renews_a_short_attempt_never_and_a_long_one_in
 
 
 def _two_provider_pool(
-    pool: asyncpg.Pool[Any], limiters: dict[str, Limiter], slots: int = 4
+    pool: asyncpg.Pool[Any],
+    limiters: dict[str, Limiter],
+    slots: int = 4,
+    *,
+    registry: Registry | None = None,
+    worker_id: str = "w",
 ) -> WorkerPool:
     metrics = Metrics()
     prices = Prices()
@@ -105,12 +113,12 @@ def _two_provider_pool(
         pool,
         clock,
         metrics,
-        Registry({name: EchoExecutor() for name in limiters}),
+        registry or Registry({name: EchoExecutor() for name in limiters}),
         limiters,
         Heartbeat(pool, clock, metrics, lease=LEASE, interval=INTERVAL),
         WorkerSettings(
             slots=slots,
-            worker_id="w",
+            worker_id=worker_id,
             retry_base=timedelta(seconds=10),
             retry_max=timedelta(minutes=5),
             prices=prices,
@@ -184,6 +192,11 @@ async def test_a_provider_with_nothing_pending_is_asked_again_only_when_work_may
         tg.cancel_scope.cancel()
 
 
+async def _all_succeeded(pool: asyncpg.Pool[Any], count: int) -> bool:
+    done: int = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+    return done == count
+
+
 async def _idle(workers: WorkerPool) -> bool:
     return not workers.inflight
 
@@ -193,13 +206,12 @@ async def _free(workers: WorkerPool) -> bool:
 
 
 @pytest.mark.parametrize("fleet", [False, True], ids=["local-limit", "fleet-limit"])
-async def test_a_local_limit_gives_its_permit_back_when_the_call_returns(
+async def test_a_limit_gives_its_permit_back_when_the_call_returns(
     pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch, fleet: bool
 ) -> None:
-    """The final write is held. With a limit of this process only, the permit is back as soon
-    as the call returns, and the next run starts meanwhile. With a fleet-wide limit the run
-    counts for the fleet until its write commits (the claim reads `running` rows), and so
-    does its permit: giving it back sooner would only make the next claim find no room."""
+    """The final write is held. The permit is back as soon as the call returns, and the next
+    run starts meanwhile: a limit of this process bounds its calls in flight, and so does a
+    fleet-wide one (the claim does not count this process's runs whose write is on its way)."""
     sid = await factories.schedule(pool)
     for second in range(2):
         await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
@@ -216,21 +228,68 @@ async def test_a_local_limit_gives_its_permit_back_when_the_call_returns(
     limiter = Limiter(1, fleet=fleet)
     workers = _two_provider_pool(pool, {"echo": limiter}, slots=4)
 
-    async def first_write_held() -> bool:
-        return writing == [1]
-
     async def both_writes_held() -> bool:
         return sum(writing) == 2  # in one batch or two (the finalizer has two writers)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(workers.run_once)
-        if fleet:
-            await wait_until(first_write_held, timeout=10, what="the first call, write held")
-            assert limiter.in_use == 1 and limiter.available() == 0
-            assert len(workers.inflight) == 1  # nothing else could start
-        else:
-            await wait_until(both_writes_held, timeout=10, what="both calls made, writes held")
-            assert limiter.in_use == 0 and len(workers.inflight) == 2
+        await wait_until(both_writes_held, timeout=10, what="both calls made, writes held")
+        assert limiter.in_use == 0 and len(workers.inflight) == 2
         gate.set()
     assert limiter.in_use == 0
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 2
+
+
+async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes' pools share a fleet-wide limit of 2 calls at a server that counts them.
+    Every final write is held: each run stays `running` until its write commits, yet the
+    next calls start as soon as calls return, and the server never sees more than 2 at once
+    (each claim discounts only its own process's returned calls, and only while they are
+    still running with the attempt it made)."""
+    sid = await factories.schedule(pool, prompt="run {{ run_id }}")
+    await pool.execute("UPDATE schedules SET provider = 'llm' WHERE id = $1", sid)
+    runs = [await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=n)) for n in range(8)]
+    gate = anyio.Event()
+    finish_many = queries.run_finish_many
+    writing: list[int] = []
+
+    async def held(db: Any, now: Any, batch: Any, worker_id: str) -> set[int]:
+        writing.extend(item.run_id for item in batch)
+        await gate.wait()
+        return await finish_many(db, now, batch, worker_id)
+
+    monkeypatch.setattr(queries, "run_finish_many", held)
+
+    async def every_call_made() -> bool:
+        return len(fake.requests) == 8 and fake.in_flight == 0
+
+    async with fake_server.start_fake_openai(default=fake_server.slow(0.05)) as fake:
+        settings = ProviderSettings(
+            name="llm", kind="openai", base_url=fake.base_url, default_model="m",
+            request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
+        )  # fmt: skip
+        executors = [openai.OpenAIExecutor(settings) for _ in range(2)]
+        replicas = [
+            _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=4,
+                               registry=Registry({"llm": executor}), worker_id=f"w{n}")
+            for n, executor in enumerate(executors)
+        ]  # fmt: skip
+        try:
+            async with anyio.create_task_group() as tg:
+                for replica in replicas:
+                    await tg.start(replica.run)
+                await wait_until(every_call_made, timeout=20, what="8 calls, writes held")
+                running = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'running'")
+                assert running == 8  # all 8 calls were made, and none of the writes committed
+                gate.set()
+                await wait_until(lambda: _all_succeeded(pool, 8), timeout=20, what="8 writes")
+                tg.cancel_scope.cancel()
+        finally:
+            for executor in executors:
+                await executor.aclose()
+    assert fake.max_in_flight == 2  # the limit was used, never exceeded
+    prompts = sorted(request.json["messages"][-1]["content"] for request in fake.requests)
+    assert prompts == sorted(f"run {rid}" for rid in runs)  # each run called once
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 8

@@ -483,7 +483,7 @@ class ProviderRoom:
     """What a provider's fleet-wide limits left at a limited claim (``provider_admit``)."""
 
     allowed: int  # runs the claim could take
-    running: int  # the provider's running runs across the fleet, before this claim
+    running: int  # its calls in flight across the fleet (running runs less the claimer's returned)
     open_for: float  # seconds its breaker stays open (0: not open)
     half_open: bool  # one probe at a time
     failures: int  # retryable failures in a row
@@ -514,10 +514,15 @@ async def run_claim_limited(
     rate: float | None,
     burst: float,
     tokens_per_minute: int | None = None,
+    returned: Sequence[int] = (),
+    returned_attempts: Sequence[UUID] = (),
 ) -> LimitedClaim:
+    """``returned``/``returned_attempts``: the claimer's runs whose call has returned and whose
+    final write is on its way; the concurrency limit does not count them."""
     found = await db.fetch(
         _claim_sql(_Q["run_claim_limited"], limit), now, provider, limit, worker_id, lease,
         max_concurrency, rate, burst, tokens_per_minute,
+        list(returned) if returned else None, list(returned_attempts) if returned else None,
     )  # fmt: skip
     first = found[0]
     room = ProviderRoom(

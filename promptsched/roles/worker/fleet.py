@@ -6,7 +6,7 @@ rate-limit headers asked for)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -66,18 +66,26 @@ class Fleet:
         self.moved = 0  # runs moved to a fallback by claims held back since last read
 
     async def claim(
-        self, provider: str, want: int, worker_id: str, lease: timedelta
+        self,
+        provider: str,
+        want: int,
+        worker_id: str,
+        lease: timedelta,
+        returned: Sequence[InFlight] = (),
     ) -> queries.Claim:
-        """Claim at most what the provider's limits leave for the whole fleet: its running runs
-        (every replica's) below ``max_concurrency``, whole tokens of its shared rate bucket, a
-        positive LLM-token bucket, nothing while its breaker is open and one probe while
-        half-open. One statement: it takes the provider's advisory lock, so two replicas never
-        both fill the last free place (docs/providers.md)."""
+        """Claim at most what the provider's limits leave for the whole fleet: its calls in
+        flight (every replica's running runs, less this process's ``returned``: attempts whose
+        call is over and whose final write is on its way) below ``max_concurrency``, whole
+        tokens of its shared rate bucket, a positive LLM-token bucket, nothing while its breaker
+        is open and one probe while half-open. One statement: it takes the provider's advisory
+        lock, so two replicas never both fill the last free place (docs/providers.md)."""
         limiter = self.limiters[provider]
         claim = await queries.run_claim_limited(
             self.pool, self.clock.sql_now(), provider, want, worker_id, lease,
             max_concurrency=limiter.max_concurrency, rate=limiter.rate_per_second,
             burst=limiter.burst, tokens_per_minute=limiter.tokens_per_minute,
+            returned=[a.run_id for a in returned],
+            returned_attempts=[a.attempt_id for a in returned],
         )  # fmt: skip
         room = claim.room
         state = "open" if room.open_for > 0 else "half_open" if room.half_open else "closed"

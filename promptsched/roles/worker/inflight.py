@@ -5,6 +5,7 @@ renewed, its single ``StopReason``, its deadline while it runs) and the one regi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -93,6 +94,9 @@ class InFlightAttempts(Mapping[int, InFlight]):
 
     def __init__(self) -> None:
         self._by_run: dict[int, InFlight] = {}
+        # Per provider, the attempts whose final write is on its way (by run id): their call
+        # is over, and a claim under the provider's fleet-wide limit does not count them.
+        self._finishing: dict[str, dict[int, InFlight]] = {}
 
     def __getitem__(self, run_id: int) -> InFlight:
         return self._by_run[run_id]
@@ -112,6 +116,20 @@ class InFlightAttempts(Mapping[int, InFlight]):
         attempt out of the registry (it would stop renewing a lease it holds)."""
         if self._by_run.get(attempt.run_id) is attempt:
             del self._by_run[attempt.run_id]
+        finishing = self._finishing.get(attempt.provider)
+        if finishing is not None and finishing.get(attempt.run_id) is attempt:
+            del finishing[attempt.run_id]
+
+    def finish(self, attempt: InFlight) -> None:
+        """``attempt``'s final write is on its way: its call is over."""
+        attempt.finishing = True
+        if self._by_run.get(attempt.run_id) is attempt:
+            self._finishing.setdefault(attempt.provider, {})[attempt.run_id] = attempt
+
+    def finishing(self, provider: str, newest: int) -> list[InFlight]:
+        """At most ``newest`` of the provider's attempts whose final write is on its way, the
+        latest queued first (the least likely to have committed already)."""
+        return list(itertools.islice(reversed(self._finishing.get(provider, {}).values()), newest))
 
     def current(self, attempt: InFlight) -> bool:
         """Whether ``attempt`` is still the one in flight for its run."""

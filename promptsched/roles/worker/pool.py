@@ -114,7 +114,13 @@ class WorkerPool:
             if want <= 0 or self.waiting.skipped(provider):
                 continue
             if limiter.fleet:
-                rows = await self.fleet.claim(provider, want, self.worker_id, self.heartbeat.lease)
+                # Enough of this process's returned calls for the claim to take ``want`` when
+                # only they fill the limit: the claim's lookups stay the size of a claim.
+                excess = max(0, len(self.inflight) - limiter.max_concurrency)
+                returned = self.inflight.finishing(provider, want + excess)
+                rows = await self.fleet.claim(
+                    provider, want, self.worker_id, self.heartbeat.lease, returned
+                )
             else:
                 rows = await queries.run_claim_batch(
                     self.pool,
@@ -197,10 +203,8 @@ class WorkerPool:
 
     def _forget(self, attempt: InFlight) -> None:
         """The attempt is over for this process: no more heartbeats, its lease is not ours."""
-        # A fleet-limited provider's permit is held until here, not just while the executor
-        # runs: the fleet counts the run in flight until its final write commits, so a permit
-        # given back sooner only made the next claim find no room. A provider limited in this
-        # process only gave its permit back when its call returned (AttemptRunner.run).
+        # Its permit went back when its call returned (AttemptRunner.run), unless it never
+        # made one (stopped before, or cancelled on the way).
         if attempt.permit is not None:
             attempt.permit.release()
         self.inflight.discard(attempt)

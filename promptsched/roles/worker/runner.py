@@ -140,15 +140,17 @@ class AttemptRunner:
         started = time.monotonic()
         outcome = await self._call_executor(row, attempt)
         duration = time.monotonic() - started
-        if not self.limiters[attempt.provider].fleet and attempt.permit is not None:
-            # A limit of this process only bounds its calls in flight, and this call is over:
-            # its permit goes back now, not once the final write lands. A fleet-wide limit's
-            # permit stays until then (WorkerPool._forget): the fleet counts the run in flight
-            # until its finish commits, whatever this process knows (docs/performance.md).
-            attempt.permit.release()
         usage = reported_usage(outcome, attempt.usage)
         if self.limiters[attempt.provider].fleet:
             await self.fleet.report(row, attempt, outcome, usage)
+        if attempt.permit is not None:
+            # A provider's limit bounds its calls in flight, and this call is over: its permit
+            # goes back now, not once the final write lands. A fleet-wide limit does not count
+            # the run either once its write is queued (InFlightAttempts.finish): the claims of
+            # this process pass such runs to provider_admit (docs/providers.md). Only after the
+            # breaker heard of it, so a half-open breaker's probe is never counted as neither
+            # running nor reported.
+            attempt.permit.release()
         return self._settle(row, attempt, outcome, usage, duration)
 
     async def _call_executor(
@@ -308,7 +310,8 @@ class AttemptRunner:
         if row.followup_key is not None and item.status != RunStatus.PENDING and not item.check:
             # A follow-up's check ended: the finish records it (and any next check).
             item = dataclasses.replace(item, check={"decision": None})
-        attempt.finishing = True  # from here on the write's own guard fences, not the heartbeat
+        # From here on the write's own guard fences, not the heartbeat; the call is over.
+        self.heartbeat.inflight.finish(attempt)
         self.finalizer.submit(
             item, lambda outcome: self._finished_write(attempt, row, item, outcome)
         )

@@ -310,7 +310,7 @@ BEGIN
     RETURN written;
 END
 $$;
-CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision, paced_for double precision, ramp double precision, rate double precision)
+CREATE FUNCTION public.provider_admit(p_provider text, p_want integer, p_max integer, p_rate double precision, p_burst double precision, p_tpm double precision, p_now timestamp with time zone, p_returned bigint[] DEFAULT NULL::bigint[], p_returned_attempts uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(allowed integer, tokens double precision, running integer, open_for double precision, half_open boolean, failures integer, llm_tokens double precision, paced_for double precision, ramp double precision, rate double precision)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -320,6 +320,18 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('promptsched.provider:' || p_provider, 0));
     running := provider_running_count(p_provider);
+    -- Less the claimer's runs whose call has returned: counted after the running runs, so a
+    -- final write that commits in between is counted once (as running) and never discounted
+    -- twice. By primary key, the claimer's batch only; the attempt must still be the one the
+    -- claimer made (a run reaped and claimed again elsewhere is that other call).
+    IF p_returned IS NOT NULL THEN
+        running := running - (
+            SELECT count(*)::integer
+            FROM unnest(p_returned, p_returned_attempts) AS f(id, attempt_id)
+            JOIN runs r ON r.id = ANY (ARRAY[f.id])
+            WHERE CASE WHEN r.status = 'running' AND r.provider = p_provider
+                       THEN r.attempt_id = f.attempt_id ELSE false END);
+    END IF;
     SELECT * INTO b FROM provider_buckets pb WHERE pb.provider = p_provider;
     failures := coalesce(b.failures, 0);
     open_for := greatest(0.0, coalesce(extract(epoch FROM b.open_until - now_), 0.0));
