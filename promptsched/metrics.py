@@ -302,8 +302,9 @@ class Metrics:
     def _providers(self) -> None:
         self.provider_in_flight = self._gauge(
             "provider_in_flight",
-            "Running runs of a provider across the whole fleet, as this process last counted "
-            "them when it claimed under the provider's fleet-wide limits",
+            "Calls of a provider in flight across the whole fleet (its running runs, less this "
+            "process's whose call returned and whose final write is on its way), as this "
+            "process last counted them when it claimed under the provider's fleet-wide limits",
             zero=False,
             provider=PROVIDERS,
         )

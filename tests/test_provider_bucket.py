@@ -154,6 +154,54 @@ async def test_a_run_of_failures_opens_the_breaker_and_probes_decide_what_follow
     assert [row["status"] for row in statuses] == ["succeeded"] * 5
 
 
+async def test_a_probe_whose_call_returned_counts_until_it_reported(
+    pool: asyncpg.Pool[Any], fake: fake_server.FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's permit goes back when it returns, and a limited claim counts out this
+    process's runs whose final write is on its way (docs/providers.md, "What the concurrency
+    limit counts"); a half-open breaker's probe is passed so only once it reported. Its
+    report is held: the call is over, the pool keeps claiming, and no second probe goes out."""
+    fake.default = fake_server.status(500, '{"error": {"message": "upstream broke"}}')
+    clock = FrozenClock(EPOCH)
+    metrics = Metrics()
+    sid = await fake_schedule(pool, max_attempts=20)
+    for i in range(5):
+        await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=i))
+    gate, reporting = asyncio.Event(), asyncio.Event()
+    report = worker_fleet.Fleet.report
+
+    async def held(self: worker_fleet.Fleet, *args: Any) -> None:
+        if len(fake.requests) > 5:  # the probe's, not the five failures that open the breaker
+            reporting.set()
+            await gate.wait()
+        await report(self, *args)
+
+    monkeypatch.setattr(worker_fleet.Fleet, "report", held)
+    async with fake_workers(pool, clock, fake.base_url, metrics=metrics, timeout="30s") as workers:
+        assert await workers.run_once() == 5
+        assert _breaker(metrics) == OPEN
+        clock.advance(OPEN_FOR)
+        fake.default = fake_server.ok()
+        held_back = _throttled(metrics, "concurrency")
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(workers.run_once)
+                await reporting.wait()
+                assert fake.in_flight == 0 and len(fake.requests) == 6  # the probe's call is over
+
+                async def turned_away() -> bool:
+                    return _throttled(metrics, "concurrency") >= held_back + 2
+
+                await wait_until(turned_away, timeout=10, what="claims refused while reporting")
+                assert len(fake.requests) == 6
+                assert await _running(pool) == 1
+                gate.set()
+        assert _breaker(metrics) == CLOSED
+    assert len(fake.requests) == 6 + 4
+    succeeded = await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+    assert succeeded == 5
+
+
 async def _llm_tokens(pool: asyncpg.Pool[Any]) -> float:
     tokens: float = await pool.fetchval(
         "SELECT llm_tokens FROM provider_buckets WHERE provider = $1", PROVIDER

@@ -1,9 +1,11 @@
 """What each call in flight costs beyond the call (W9, docs/performance.md): a lease is renewed
 when it needs it, not at every heartbeat; a provider with nothing pending is not asked at every
-claim; a permit of a provider limited in this process goes back when its call returns."""
+claim; a provider's permit goes back when its call returns, and a fleet-wide limit counts
+calls in flight, not final writes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -293,3 +295,55 @@ async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
     prompts = sorted(request.json["messages"][-1]["content"] for request in fake.requests)
     assert prompts == sorted(f"run {rid}" for rid in runs)  # each run called once
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 8
+
+
+def _refused(workers: WorkerPool) -> float:
+    refused = workers.metrics.registry.get_sample_value(
+        "promptsched_provider_throttled_claims_total",
+        {"provider": "llm", "reason": "concurrency"},
+    )
+    return refused or 0.0
+
+
+async def test_a_claim_never_counts_out_a_call_still_in_flight(pool: asyncpg.Pool[Any]) -> None:
+    """Two processes share a fleet-wide limit of 2, one call each at the server, both held. The
+    second process has free slots and a free permit of its own, and keeps claiming: its own
+    call is still in flight, so it counts, and the server never sees a third call."""
+    sid = await factories.schedule(pool)
+    await pool.execute("UPDATE schedules SET provider = 'llm' WHERE id = $1", sid)
+    await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=10))
+    gate = asyncio.Event()
+    async with fake_server.start_fake_openai(fake_server.gated(gate, fake_server.ok())) as fake:
+        settings = ProviderSettings(
+            name="llm", kind="openai", base_url=fake.base_url, default_model="m",
+            request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
+        )  # fmt: skip
+        executors = [openai.OpenAIExecutor(settings) for _ in range(2)]
+        # The first process has one slot: once its call is out, it claims nothing more.
+        first, second = (
+            _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=slots,
+                               registry=Registry({"llm": executor}), worker_id=f"w{n}")
+            for n, (slots, executor) in enumerate(zip((1, 4), executors, strict=True))
+        )  # fmt: skip
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(first.run)
+                await fake.wait_until(lambda server: server.in_flight == 1)
+                for n in range(3):
+                    await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=n))
+                await tg.start(second.run)
+                await fake.wait_until(lambda server: server.in_flight == 2)
+                refused = _refused(second)
+
+                async def turned_away_or_sent() -> bool:
+                    return _refused(second) >= refused + 2 or len(fake.requests) > 2
+
+                await wait_until(turned_away_or_sent, timeout=10, what="a claim refused twice")
+                assert (len(fake.requests), fake.in_flight) == (2, 2)
+                gate.set()
+                await wait_until(lambda: _all_succeeded(pool, 4), timeout=20, what="4 runs")
+                tg.cancel_scope.cancel()
+        finally:
+            for executor in executors:
+                await executor.aclose()
+    assert fake.max_in_flight == 2

@@ -90,9 +90,9 @@ LEFT JOIN claimed c ON true;
 -- attempt ends: provider_debit_tokens). The lock is held until this statement commits, so
 -- the next claimer counts these runs. $10/$11: the claimer's runs (ids, attempts) whose call
 -- has returned, their final write on its way: they are no call in flight, and provider_admit
--- does not count them (0034_provider_admit_calls_in_flight.sql). The candidates' LIMIT is the size class of $3, as in
--- run_claim_batch; the update takes what provider_admit allowed of them (no more than $3),
--- and since the candidates are read lazily, only those are locked.
+-- does not count them (0034_provider_admit_calls_in_flight.sql). The candidates' LIMIT is the
+-- size class of $3, as in run_claim_batch; the update takes what provider_admit allowed of
+-- them (no more than $3), and since the candidates are read lazily, only those are locked.
 WITH admit AS (
     -- Takes the provider's advisory lock and reads its room (0014_provider_tokens.sql).
     SELECT * FROM provider_admit($2, $3, $6, $7, $8, $9, $1, $10::bigint[], $11::uuid[])
