@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import anyio
 import asyncpg
@@ -46,6 +47,8 @@ class Injector:
     counts: Counter[str] = field(default_factory=Counter)  # faults by kind
     details: Counter[str] = field(default_factory=Counter)  # what they hit
     notes: list[str] = field(default_factory=list)
+    # When Postgres was stopped `immediate` (a crash: commits not yet flushed are lost)
+    crashes: list[datetime] = field(default_factory=list)
     log: Callable[[str], None] = say
 
     async def run(self, seconds: float) -> Counter[str]:
@@ -126,6 +129,8 @@ class Injector:
     async def postgres_restart(self) -> None:
         mode = self.rng.choice(("fast", "immediate"))
         down = self.rng.uniform(0.5, 3.0)
+        if mode == "immediate":
+            self.crashes.append(datetime.now(UTC))
         await anyio.to_thread.run_sync(self.postgres.stop, mode)
         try:
             await anyio.sleep(down)

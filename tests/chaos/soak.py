@@ -317,6 +317,7 @@ async def _scenario(
                 ],
                 exit_codes=fleet.exit_codes,
                 settled_in=settled_in,
+                db_crashes=injector.crashes,
             )
     finally:
         await pool.close()
