@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from promptsched import netguard
+from promptsched import eventloop, netguard
 from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError
 from promptsched.prices import Prices
@@ -127,6 +127,8 @@ class Config:
     retention: timedelta = timedelta(days=30)
     log_level: str = "info"
     log_format: str = "auto"
+    # the service's event loop: uvloop where installed (auto), or asyncio's own (eventloop.py)
+    event_loop: str = "auto"
     worker_id: str | None = None
     # notifications (docs/notifications.md)
     smtp_host: str | None = None
@@ -181,6 +183,10 @@ class Config:
             raise ConfigError("PROMPTSCHED_LOG_LEVEL", f"one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("json", "console", "auto"):
             raise ConfigError("PROMPTSCHED_LOG_FORMAT", "json or console")
+        if self.event_loop not in eventloop.LOOPS:
+            raise ConfigError("PROMPTSCHED_EVENT_LOOP", f"one of {', '.join(eventloop.LOOPS)}")
+        if self.event_loop == "uvloop" and not eventloop.uvloop_installed():
+            raise ConfigError("PROMPTSCHED_EVENT_LOOP", "uvloop is not installed here")
         self._validate_notifier()
         if not timedelta(milliseconds=100) <= self.fleet_interval <= timedelta(minutes=5):
             raise ConfigError("PROMPTSCHED_FLEET_INTERVAL", "must be between 100ms and 5m")
@@ -375,6 +381,7 @@ _PARSERS: dict[str, Any] = {
     "retention": _duration,
     "log_level": lambda name, text: text.lower(),
     "log_format": lambda name, text: text.lower(),
+    "event_loop": lambda name, text: text.lower(),
     "worker_id": _str,
     "smtp_host": _str,
     "smtp_port": _int,

@@ -1,25 +1,63 @@
-"""The service's event loop: asyncio's own, with a bound on how many ready sockets one turn of
-the loop takes on (``promptsched run`` only; the CLI's short commands use the default loop).
+"""The service's event loop (``promptsched run`` only; the CLI's short commands use the default
+loop), chosen by ``PROMPTSCHED_EVENT_LOOP``:
 
-asyncio asks the kernel for every ready socket at once, and runs a callback for each before it
-looks at its timers again; the tasks those callbacks wake run in the next turn, all of them. With
-thousands of slow calls in flight their answers come back in waves (calls started together end
-together), and one turn took on a thousand answers: a hundred milliseconds and more in which no
-timer fired, no heartbeat looked and no API request was answered (the loop-lag probe's p99 at
-250-500 ms, W9 at 5,000 in flight, docs/performance.md). With at most ``READY_PER_TURN`` sockets
-a turn, the rest wait for the next turn, which comes right away: epoll is level-triggered and
-hands the sockets it held back first the next time, so none waits long, and timers and other
-tasks get their turn in between.
+- ``uvloop`` (``auto``, the default, where it is installed): asyncio's loop built on libuv, the
+  loop uvicorn and asyncpg's authors run. Much of the service's own work per run is the event
+  loop's (sockets, timers, task steps): on it the service spent 6-8 % less CPU per run (W9 at
+  5,000 slow calls in flight, the W2 rush), started its first 5,000 calls about 15 % sooner,
+  and the loop-lag probe's p99 fell from the 100 ms bucket to the 50 ms one
+  (docs/performance.md, "The event loop"). libuv takes on every ready socket in one turn;
+  at that speed the turns stayed short.
+- ``asyncio``: asyncio's own loop, with a bound on how many ready sockets one turn takes on.
+  asyncio asks the kernel for every ready socket at once, and runs a callback for each before
+  it looks at its timers again; the tasks those callbacks wake run in the next turn, all of
+  them. With thousands of slow calls in flight their answers come back in waves (calls started
+  together end together), and one turn took on a thousand answers: a hundred milliseconds and
+  more in which no timer fired, no heartbeat looked and no API request was answered (the
+  loop-lag probe's p99 at 250-500 ms, W9 at 5,000 in flight). With at most ``READY_PER_TURN``
+  sockets a turn, the rest wait for the next turn, which comes right away: epoll is
+  level-triggered and hands the sockets it held back first the next time, so none waits long,
+  and timers and other tasks get their turn in between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import select
 import selectors
+from collections.abc import Callable
 
 READY_PER_TURN = 64
+
+LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def uvloop_installed() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def resolved(kind: str) -> str:
+    """The loop ``kind`` (one of ``LOOPS``) runs on: ``auto`` is uvloop where it is installed."""
+    if kind == "auto":
+        return "uvloop" if uvloop_installed() else "asyncio"
+    return kind
+
+
+def running() -> str:
+    """Which loop runs this code: ``uvloop`` or ``asyncio``."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
+
+
+def factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop factory of ``kind`` (one of ``LOOPS``, checked by the config)."""
+    if resolved(kind) == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return new_event_loop
 
 
 if hasattr(selectors, "EpollSelector"):

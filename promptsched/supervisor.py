@@ -16,7 +16,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
-from promptsched import heap
+from promptsched import eventloop, heap
 from promptsched.api import app as api_app
 from promptsched.clock import Clock
 from promptsched.config import Config
@@ -115,6 +115,7 @@ class Supervisor:
                         workers=config.workers,
                         worker_id=self.worker_id,
                         heap_frozen=frozen,
+                        event_loop=eventloop.running(),
                     )
                     async for signum in signals:
                         log.info("supervisor.stopping", signal=signal.Signals(signum).name)

@@ -118,9 +118,10 @@ def run_async(fn: Callable[[], Awaitable[int]]) -> int:
     return anyio.run(fn)
 
 
-def run_service(fn: Callable[[], Awaitable[int]]) -> int:
-    """``promptsched run``: on the service's event loop (promptsched/eventloop.py)."""
-    return anyio.run(fn, backend_options={"loop_factory": eventloop.new_event_loop})
+def run_service(fn: Callable[[], Awaitable[int]], loop: str) -> int:
+    """``promptsched run``: on the service's event loop, ``PROMPTSCHED_EVENT_LOOP``
+    (promptsched/eventloop.py)."""
+    return anyio.run(fn, backend_options={"loop_factory": eventloop.factory(loop)})
 
 
 async def with_conn(dsn: str, fn: Command) -> int:

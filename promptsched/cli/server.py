@@ -34,7 +34,7 @@ def cmd_run(args: argparse.Namespace, config: configuration.Config) -> int:
             await Supervisor(config, dsn).run()
             return 0
 
-        return run_service(main)
+        return run_service(main, config.event_loop)
 
 
 def _check_port(host: str, port: int) -> None:
