@@ -4,10 +4,10 @@ loop), chosen by ``PROMPTSCHED_EVENT_LOOP``:
 - ``uvloop`` (``auto``, the default, where it is installed): asyncio's loop built on libuv, the
   loop uvicorn and asyncpg's authors run. Much of the service's own work per run is the event
   loop's (sockets, timers, task steps): on it the service spent 6-8 % less CPU per run (W9 at
-  5,000 slow calls in flight, the W2 rush), started its first 5,000 calls about 15 % sooner,
-  and the loop-lag probe's p99 fell from the 100 ms bucket to the 50 ms one
-  (docs/performance.md, "The event loop"). libuv takes on every ready socket in one turn;
-  at that speed the turns stayed short.
+  5,000 slow calls in flight, the W2 rush) and started its first 5,000 calls about 15 %
+  sooner (docs/performance.md, "The event loop"). libuv takes on every ready socket in one
+  turn; at its speed the turns stayed as short as the bounded loop's (the loop-lag probe's
+  p99 at most 100 ms at 5,000 in flight).
 - ``asyncio``: asyncio's own loop, with a bound on how many ready sockets one turn takes on.
   asyncio asks the kernel for every ready socket at once, and runs a callback for each before
   it looks at its timers again; the tasks those callbacks wake run in the next turn, all of
