@@ -242,6 +242,25 @@ async def test_a_limit_gives_its_permit_back_when_the_call_returns(
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 2
 
 
+def _fleet_replicas(
+    pool: asyncpg.Pool[Any], base_url: str, slots: tuple[int, ...]
+) -> tuple[list[openai.OpenAIExecutor], list[WorkerPool]]:
+    """One process's pool per entry of ``slots`` (its slot count), each with an executor of
+    its own for the provider ``llm`` at ``base_url``, whose limit of 2 calls holds for the
+    whole fleet. The caller closes the executors."""
+    settings = ProviderSettings(
+        name="llm", kind="openai", base_url=base_url, default_model="m",
+        request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
+    )  # fmt: skip
+    executors = [openai.OpenAIExecutor(settings) for _ in slots]
+    replicas = [
+        _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=count,
+                           registry=Registry({"llm": executor}), worker_id=f"w{n}")
+        for n, (count, executor) in enumerate(zip(slots, executors, strict=True))
+    ]  # fmt: skip
+    return executors, replicas
+
+
 async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
     pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,16 +287,7 @@ async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
         return len(fake.requests) == 8 and fake.in_flight == 0
 
     async with fake_server.start_fake_openai(default=fake_server.slow(0.05)) as fake:
-        settings = ProviderSettings(
-            name="llm", kind="openai", base_url=fake.base_url, default_model="m",
-            request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
-        )  # fmt: skip
-        executors = [openai.OpenAIExecutor(settings) for _ in range(2)]
-        replicas = [
-            _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=4,
-                               registry=Registry({"llm": executor}), worker_id=f"w{n}")
-            for n, executor in enumerate(executors)
-        ]  # fmt: skip
+        executors, replicas = _fleet_replicas(pool, fake.base_url, (4, 4))
         try:
             async with anyio.create_task_group() as tg:
                 for replica in replicas:
@@ -314,17 +324,8 @@ async def test_a_claim_never_counts_out_a_call_still_in_flight(pool: asyncpg.Poo
     await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=10))
     gate = asyncio.Event()
     async with fake_server.start_fake_openai(fake_server.gated(gate, fake_server.ok())) as fake:
-        settings = ProviderSettings(
-            name="llm", kind="openai", base_url=fake.base_url, default_model="m",
-            request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
-        )  # fmt: skip
-        executors = [openai.OpenAIExecutor(settings) for _ in range(2)]
         # The first process has one slot: once its call is out, it claims nothing more.
-        first, second = (
-            _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=slots,
-                               registry=Registry({"llm": executor}), worker_id=f"w{n}")
-            for n, (slots, executor) in enumerate(zip((1, 4), executors, strict=True))
-        )  # fmt: skip
+        executors, (first, second) = _fleet_replicas(pool, fake.base_url, (1, 4))
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(first.run)

@@ -45,8 +45,8 @@ class Logs:
     """What the processes said, over every incarnation's log file."""
 
     events: Counter[str] = field(default_factory=Counter)
-    fenced: list[tuple[int, str, str]] = field(default_factory=list)  # run, attempt, reason
-    fenced_at: dict[str, datetime] = field(default_factory=dict)  # attempt -> its log line's time
+    # run, attempt, reason, when it was logged
+    fenced: list[tuple[int, str, str, datetime]] = field(default_factory=list)
     succeeded: Counter[int] = field(default_factory=Counter)  # run.succeeded lines per run
     unparsed: list[str] = field(default_factory=list)  # stray output, e.g. a raw traceback
     busiest_second: tuple[int, str] = (0, "")  # retry lines in one process-second, where
@@ -77,8 +77,10 @@ class Logs:
         name = str(event.get("event"))
         self.events[name] += 1
         if name == "attempt.fenced":
-            self.fenced.append((int(event["run_id"]), str(event["attempt_id"]), event["reason"]))
-            self.fenced_at[str(event["attempt_id"])] = datetime.fromisoformat(event["timestamp"])
+            self.fenced.append((
+                int(event["run_id"]), str(event["attempt_id"]), event["reason"],
+                datetime.fromisoformat(event["timestamp"]),
+            ))  # fmt: skip
         elif name == "run.succeeded":
             self.succeeded[int(event["run_id"])] += 1
         if name in RETRY_EVENTS:
@@ -283,14 +285,13 @@ def fenced_writes_rejected(ev: Evidence) -> Invariant:
     runs = {run["id"]: run for run in ev.runs}
     problems = []
     undone = 0
-    for run_id, attempt_id, reason in ev.logs.fenced:
+    for run_id, attempt_id, reason, fenced_at in ev.logs.fenced:
         attempt = attempts.get(attempt_id)
         if attempt is None:
             # A claim does not wait for its WAL flush (docs/reliability.md, "Which commits
             # wait"): one a database crash lost never was, and the attempt it started is fenced
             # by the next renewal or write, once Postgres is back. Only such an attempt may
             # have no row.
-            fenced_at = ev.logs.fenced_at[attempt_id]
             within = LOST_CLAIM_FENCED_WITHIN
             if any(crash <= fenced_at <= crash + within for crash in ev.db_crashes):
                 undone += 1
@@ -317,7 +318,7 @@ def fenced_writes_rejected(ev: Evidence) -> Invariant:
                     f"run {run['id']}: attempt {attempt['number']} of {run['attempts']} "
                     f"ended {attempt['status']} but a later attempt ran"
                 )
-    reasons = Counter(reason for _, _, reason in ev.logs.fenced)
+    reasons = Counter(reason for _, _, reason, _ in ev.logs.fenced)
     lost = sum(1 for a in ev.attempts if a["status"] == "lost")
     detail = (
         f"{len(ev.logs.fenced)} fenced attempts ({dict(reasons)}) all rejected; "
