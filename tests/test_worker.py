@@ -270,13 +270,14 @@ async def test_attempts_finishing_together_share_one_final_write(
     assert [row["status"] for row in attempts] == ["succeeded"]
 
 
+@pytest.mark.parametrize("max_batch", [256, 2], ids=["batch-not-full", "batch-full"])
 async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
-    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch
+    pool: asyncpg.Pool[Any], monkeypatch: pytest.MonkeyPatch, max_batch: int
 ) -> None:
     # Two slots. Final writes are held: the first pair's slots are free already, so the next
-    # pair is claimed and run meanwhile (its write held by the finalizer's second writer); then
-    # no more (queued writes are bounded to one slot count), and nothing is lost when the
-    # writes go through.
+    # pair is claimed and run meanwhile; then no more (queued writes are bounded to one slot
+    # count), and nothing is lost when the writes go through. The next pair's write waits
+    # behind the first unless it fills a batch: only then does the second writer take it.
     sid = await factories.schedule(pool)
     for second in range(6):
         await factories.pending_run(pool, sid, EPOCH - timedelta(seconds=second))
@@ -291,6 +292,7 @@ async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
 
     monkeypatch.setattr(queries, "run_finish_many", held_writes)
     workers = factories.worker_pool(pool, FrozenClock(EPOCH), slots=2)
+    workers.finalizer.max_batch = max_batch
     claimed: list[int] = []
     claim_batch = queries.run_claim_batch
 
@@ -308,7 +310,9 @@ async def test_the_next_claim_overlaps_a_final_write_within_a_bound(
         tg.start_soon(drain)
 
         async def both_pairs_writing() -> bool:
-            return held == [2, 2]
+            if max_batch == 2:
+                return held == [2, 2] and workers.finalizer.pending == 0
+            return held == [2] and workers.finalizer.pending == 2
 
         await wait_until(both_pairs_writing, timeout=10, what="both pairs' writes held")
         assert claimed == [2, 2] and (await _statuses(pool)).get("running") == 4

@@ -29,11 +29,12 @@ class Finalizer:
     """Every write is conditioned on its own attempt_id, so batching changes no outcome.
 
     While a batch is in flight the next one queues up, so the batch size follows the load:
-    one row when the process is quiet, hundreds in a rush, with one round trip each. Two
-    writers, each with a batch in flight: behind one writer, a wave of answers (thousands of
-    slow calls started together end together) queued batch after batch, and each run's
-    provider permit and its slot's next claim waited (W9 at 2,000 in flight: a final write's
-    mean 30 -> 13 ms, 0.84 -> 0.93 of the ideal wall time, docs/performance.md).
+    one row when the process is quiet, hundreds in a rush, with one round trip each. A second
+    writer takes a batch only when a full one is waiting while the first writes: a wave of
+    answers (thousands of slow calls started together end together) is written two batches at
+    a time, and a drain of fast runs, whose queue never fills a batch, by one writer, since
+    two concurrent finishes contend for the same index pages (W2: 1.28 s with one writer
+    against 1.43 s with two always writing, medians of 6, docs/performance.md).
     """
 
     def __init__(
@@ -68,14 +69,16 @@ class Finalizer:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
-            for _ in range(self.writers):
-                tg.start_soon(self._writer)
+            for index in range(self.writers):
+                tg.start_soon(self._writer, index)
             task_status.started()
 
-    async def _writer(self) -> None:
-        """Write what is queued, a batch at a time."""
+    async def _writer(self, index: int) -> None:
+        """Write what is queued, a batch at a time: the first writer whatever is queued, the
+        others only a full batch (the first is busy, or it would have taken it)."""
+        enough = 1 if index == 0 else self.max_batch
         while True:
-            while not self._queue:
+            while len(self._queue) < enough:
                 ready = self._ready
                 await ready.wait()
                 if self._ready is ready:
