@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -244,23 +246,27 @@ async def test_a_limit_gives_its_permit_back_when_the_call_returns(
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == 2
 
 
-def _fleet_replicas(
+@asynccontextmanager
+async def _fleet_replicas(
     pool: asyncpg.Pool[Any], base_url: str, slots: tuple[int, ...]
-) -> tuple[list[openai.OpenAIExecutor], list[WorkerPool]]:
+) -> AsyncIterator[list[WorkerPool]]:
     """One process's pool per entry of ``slots`` (its slot count), each with an executor of
     its own for the provider ``llm`` at ``base_url``, whose limit of 2 calls holds for the
-    whole fleet. The caller closes the executors."""
+    whole fleet; the executors are closed on the way out."""
     settings = ProviderSettings(
         name="llm", kind="openai", base_url=base_url, default_model="m",
         request_timeout=timedelta(seconds=30), max_concurrency=2, fleet=True,
     )  # fmt: skip
     executors = [openai.OpenAIExecutor(settings) for _ in slots]
-    replicas = [
-        _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=count,
-                           registry=Registry({"llm": executor}), worker_id=f"w{n}")
-        for n, (count, executor) in enumerate(zip(slots, executors, strict=True))
-    ]  # fmt: skip
-    return executors, replicas
+    try:
+        yield [
+            _two_provider_pool(pool, {"llm": Limiter(2, fleet=True)}, slots=count,
+                               registry=Registry({"llm": executor}), worker_id=f"w{n}")
+            for n, (count, executor) in enumerate(zip(slots, executors, strict=True))
+        ]  # fmt: skip
+    finally:
+        for executor in executors:
+            await executor.aclose()
 
 
 async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
@@ -289,8 +295,7 @@ async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
         return len(fake.requests) == 8 and fake.in_flight == 0
 
     async with fake_server.start_fake_openai(default=fake_server.slow(0.05)) as fake:
-        executors, replicas = _fleet_replicas(pool, fake.base_url, (4, 4))
-        try:
+        async with _fleet_replicas(pool, fake.base_url, (4, 4)) as replicas:
             async with anyio.create_task_group() as tg:
                 for replica in replicas:
                     await tg.start(replica.run)
@@ -300,9 +305,6 @@ async def test_the_fleet_limit_counts_calls_in_flight_not_final_writes(
                 gate.set()
                 await wait_until(lambda: _all_succeeded(pool, 8), timeout=20, what="8 writes")
                 tg.cancel_scope.cancel()
-        finally:
-            for executor in executors:
-                await executor.aclose()
     assert fake.max_in_flight == 2  # the limit was used, never exceeded
     prompts = sorted(request.json["messages"][-1]["content"] for request in fake.requests)
     assert prompts == sorted(f"run {rid}" for rid in runs)  # each run called once
@@ -327,8 +329,7 @@ async def test_a_claim_never_counts_out_a_call_still_in_flight(pool: asyncpg.Poo
     gate = asyncio.Event()
     async with fake_server.start_fake_openai(fake_server.gated(gate, fake_server.ok())) as fake:
         # The first process has one slot: once its call is out, it claims nothing more.
-        executors, (first, second) = _fleet_replicas(pool, fake.base_url, (1, 4))
-        try:
+        async with _fleet_replicas(pool, fake.base_url, (1, 4)) as (first, second):
             async with anyio.create_task_group() as tg:
                 await tg.start(first.run)
                 await fake.wait_until(lambda server: server.in_flight == 1)
@@ -346,7 +347,4 @@ async def test_a_claim_never_counts_out_a_call_still_in_flight(pool: asyncpg.Poo
                 gate.set()
                 await wait_until(lambda: _all_succeeded(pool, 4), timeout=20, what="4 runs")
                 tg.cancel_scope.cancel()
-        finally:
-            for executor in executors:
-                await executor.aclose()
     assert fake.max_in_flight == 2
