@@ -42,7 +42,7 @@ from promptsched.errors import (
 )
 from promptsched.metrics import Metrics
 from promptsched.ops import fleet as fleet_ops
-from promptsched.ops import validate
+from promptsched.ops import lookups, validate
 from promptsched.tools.base import Catalog
 from promptsched.web.deps import DEPS, Deps
 from promptsched.web.progress import ProgressHub
@@ -144,7 +144,7 @@ async def errors(
     if declared is not None and declared > MAX_BODY:
         return await _refuse_declared_size(request, request_id)
     try:
-        response = await handler(request)
+        response = await lookups.retry_stale(lambda: handler(request))
     except Exception as exc:
         known = _known_error(exc, request_id)
         if known is not None:

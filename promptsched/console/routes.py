@@ -25,6 +25,7 @@ from promptsched.console import (
 )
 from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
+from promptsched.ops import lookups
 from promptsched.ops import schedules as schedule_ops
 from promptsched.web import auth
 from promptsched.web.deps import DEPS
@@ -86,8 +87,9 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         deps = request.app[DEPS]
-        ctx: Ctx | None = None
-        try:
+        made: list[Ctx] = []
+
+        async def attempt() -> web.StreamResponse:
             token = session.session_token(request)
             who = await auth.authenticate_session(token, deps.pool, deps.clock)
             if who is None or token is None:
@@ -97,12 +99,15 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
                 form = await request.post()
                 session.check_csrf(token, form.get(layout.CSRF_FIELD))
             now = await schedule_ops.db_now(deps.pool, deps.clock)
-            ctx = Ctx(request, deps, who, session.csrf_token(token), now, form)
-            return await handler(ctx)
+            made[:] = [Ctx(request, deps, who, session.csrf_token(token), now, form)]
+            return await handler(made[0])
+
+        try:  # the request again if a schema change made a prepared statement stale
+            return await lookups.retry_stale(attempt)
         except web.HTTPException:
             raise  # aiohttp's own (413 for a huge form): the API's error middleware answers
         except Exception as exc:
-            return _failure(exc, ctx, request)
+            return _failure(exc, made[0] if made else None, request)
 
     return handle
 
@@ -112,7 +117,7 @@ def _public(handler: RawHandler) -> RawHandler:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await lookups.retry_stale(lambda: handler(request))
         except web.HTTPException:
             raise
         except Exception as exc:

@@ -5,10 +5,10 @@ other operations."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncpg import Record
 
@@ -17,6 +17,7 @@ from promptsched.domain import Schedule
 from promptsched.errors import NotFound
 from promptsched.ops import notifications
 from promptsched.store import migrate, queries
+from promptsched.store import pool as pools
 from promptsched.store.pool import Conn
 
 DB = queries.DB
@@ -150,3 +151,13 @@ async def provider_weather(db: DB, clock: Clock) -> list[dict[str, Any]]:
 async def check_schema(conn: Conn) -> None:
     """SchemaMismatch (naming the command that fixes it) unless the schema is this version's."""
     await migrate.check(conn)
+
+
+T = TypeVar("T")
+
+
+async def retry_stale(work: Callable[[], Awaitable[T]]) -> T:
+    """A request as one unit of work: run once more if a statement prepared before a schema
+    change failed in one of its transactions (store/pool.py), so that a migration the next
+    release runs never answers a request of this one with an error."""
+    return await pools.retry_stale(work)

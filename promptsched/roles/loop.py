@@ -13,6 +13,7 @@ import anyio
 import structlog
 
 from promptsched.metrics import Metrics
+from promptsched.store import pool as pools
 
 _TRANSIENT = (OSError, anyio.BrokenResourceError, TimeoutError)
 
@@ -89,7 +90,8 @@ async def run_forever(
     failures = 0
     while not stopping():
         try:
-            delay = await tick()
+            # a tick again at once if a schema change made a prepared statement stale
+            delay = await pools.retry_stale(tick)
             if failures:
                 log.info("role.recovered", role=name, after_failures=failures)
             failures = 0

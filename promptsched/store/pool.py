@@ -3,15 +3,53 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import asyncpg
+import structlog
+from asyncpg.exceptions import OutdatedSchemaCacheError
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
 # A connection of our own or one borrowed from a pool (generic only in the type stubs).
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+T = TypeVar("T")
+
+log = structlog.get_logger("store")
+
+
+def is_stale(exc: BaseException) -> bool:
+    """A statement prepared before a schema change (an ``ALTER TABLE`` of the next release,
+    run by ``promptsched migrate`` while this replica serves) no longer fits it: PostgreSQL
+    refuses a cached plan whose result type changed ("cached plan must not change result
+    type", asyncpg's InvalidCachedStatementError), and asyncpg refuses a row of a composite
+    type whose layout changed (OutdatedSchemaCacheError). asyncpg dropped the statements (and
+    types) it had cached on every connection of the pool when it raised either."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return is_stale(exc.exceptions[0])
+    if isinstance(exc, asyncpg.InvalidCachedStatementError | OutdatedSchemaCacheError):
+        return True
+    return isinstance(exc, asyncpg.FeatureNotSupportedError) and (
+        "cached plan must not change result type" in str(exc)
+    )
+
+
+async def retry_stale(work: Callable[[], Awaitable[T]]) -> T:
+    """Run a unit of work (a request, a role's batch: its transactions and what it decides on
+    their rows) and run it once more if a statement prepared before a schema change failed
+    in it. Outside a transaction asyncpg prepares such a statement again and retries it by
+    itself; inside one the error aborts the transaction, which rolled back when it reached
+    here, so only the whole transaction can be tried again, with statements prepared anew.
+    Once: a schema change is rare, and a second failure is another problem, raised."""
+    try:
+        return await work()
+    except Exception as exc:
+        if not is_stale(exc):
+            raise
+        log.info("store.statements_prepared_again", error=type(exc).__name__)
+    return await work()
 
 
 # asyncpg looks up an array type the first time a statement on a connection binds or returns
