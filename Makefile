@@ -38,7 +38,7 @@ LITELLM_STAMP   := $(LITELLM_VENV)/.installed-$(LITELLM_VERSION)
 PYTEST_WORKERS ?= 3
 PYTEST_DIST    ?= $(if $(filter 0,$(PYTEST_WORKERS)),no,worksteal)
 
-.PHONY: litellm install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
+.PHONY: lock image litellm install install-run run measure-first-run test test-fast lint bench chaos clean browser-deps pgbouncer-deps prometheus-deps
 
 install: $(DEV_STAMP)
 
@@ -48,15 +48,15 @@ $(BIN)/python:
 	@echo "make: creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+$(RUN_STAMP): pyproject.toml requirements.lock | $(BIN)/python
 	@echo "make: installing promptsched and what the service needs into $(VENV)" \
 	      "(the first time only: from half a minute to two, mostly pip; docs/performance.md)"
-	$(BIN)/pip install $(PIP_FLAGS) -e .
+	$(BIN)/pip install $(PIP_FLAGS) -c requirements.lock -e .
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
 	@echo "make: installing the development tools (pytest, ruff, mypy, schemathesis, ...)"
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev]'
+	$(BIN)/pip install $(PIP_FLAGS) -c requirements.lock -e '.[dev]'
 	@touch $@
 
 run: install-run
@@ -125,6 +125,26 @@ measure-first-run:
 # Size with CHAOS_SECONDS, CHAOS_SCHEDULES, CHAOS_PROCESSES; replay a failure with CHAOS_SEED.
 chaos: install
 	$(BIN)/python -m tests.chaos
+
+# requirements.lock: the exact versions of what the service needs, from a fresh install of
+# pyproject.toml's dependencies in a throwaway virtualenv (docs/deploying.md, "Reproducible builds").
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/pip" install --quiet --progress-bar off --disable-pip-version-check . && \
+	{ sed -n '/^#/p' requirements.lock; "$$tmp/venv/bin/pip" freeze --exclude promptsched; } \
+	  > "$$tmp/requirements.lock" && mv "$$tmp/requirements.lock" requirements.lock
+	@echo "make: requirements.lock written; review 'git diff requirements.lock' and commit it"
+
+# The container image (deploy/Dockerfile) with podman or docker, whichever is installed.
+IMAGE ?= promptsched:$(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])" 2>/dev/null || echo latest)
+CONTAINER_RUNTIME ?= $(firstword $(foreach c,podman docker,$(if $(shell command -v $(c) 2>/dev/null),$(c))))
+image:
+	@if [ -z "$(CONTAINER_RUNTIME)" ]; then \
+	  echo "make image: neither podman nor docker is installed (set CONTAINER_RUNTIME)" >&2; exit 1; fi
+	$(CONTAINER_RUNTIME) build -f deploy/Dockerfile \
+	  --build-arg PROMPTSCHED_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
+	  -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) .promptsched .pytest_cache .mypy_cache .ruff_cache

@@ -51,7 +51,7 @@ class SchedulerSettings:
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     slots: int = 4
-    worker_id: str | None = None  # None: default_worker_id() (host and pid)
+    worker_id: str | None = None  # None: default_worker_id() (host, pid and a random part)
     lease: timedelta = timedelta(seconds=30)
     heartbeat: timedelta = timedelta(seconds=10)
     drain_grace: timedelta = timedelta(seconds=10)

@@ -9,6 +9,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +27,7 @@ from promptsched.executors.settings import ProviderSettings, parse_providers
 from promptsched.metrics import Metrics
 from promptsched.monitor import patterns as output_patterns
 from promptsched.ops import doctor, fleet
+from promptsched.ops import serving as announcement
 from promptsched.roles.loop import Rush
 from promptsched.roles.loop_probe import LoopProbe
 from promptsched.roles.notifier import Notifier, build_senders
@@ -54,11 +56,13 @@ class Supervisor:
         self.ready = False
         self.worker: WorkerPool | None = None
         self.api: api_app.ApiServer | None = None
+        self.announcement: Path | None = None
         self.provider_kinds: dict[str, str] = {}
         self.provider_settings: dict[str, ProviderSettings] = {}
         self.progress = ProgressHub()
         # Unique to this process's lifetime: its row in `replicas`, and the prefix of every
         # duty it holds in `leaders`, so `status` can say who leads what.
+        self.worker_id = config.worker_id or default_worker_id()  # once: the default is random
         self.replica_id = f"{self.worker_id}/{secrets.token_hex(4)}"
 
     async def run(self) -> None:
@@ -123,16 +127,13 @@ class Supervisor:
                     await self._drain()
                     tg.cancel_scope.cancel()
         finally:
+            announcement.withdraw(self.announcement)
             with anyio.CancelScope(shield=True):
                 await registry.aclose()
                 await self.tools.aclose()
                 await pool.close()
                 output_patterns.close()  # the output_schema pattern checker, if it started
             log.info("supervisor.stopped")
-
-    @property
-    def worker_id(self) -> str:
-        return self.config.worker_id or default_worker_id()
 
     async def _start_roles(
         self, tg: TaskGroup, pool: asyncpg.Pool[Any], registry: Any, limiters: Any
@@ -211,6 +212,10 @@ class Supervisor:
             )
             self.api = api_app.ApiServer(app, serving.host, serving.port)
             await tg.start(self.api.run)
+            # The address it really bound, for `promptsched healthcheck` (the image's check).
+            self.announcement = announcement.announce(
+                config.data_dir, serving.host, self.api.bound_port or serving.port
+            )
 
     def published(self) -> fleet.Published:
         """This replica's configuration as the fleet sees it (ops/fleet.py)."""

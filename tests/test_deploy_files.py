@@ -315,8 +315,32 @@ def _pip_targets(command: str) -> list[list[str]]:
             continue
         for i, word in enumerate(words[:-1]):
             if word.endswith("pip") and words[i + 1] == "install":
-                targets.append([w for w in words[i + 2 :] if not w.startswith("-")])
+                args = words[i + 2 :]
+                # An option's own value (-c requirements.lock) is not a target.
+                valued = {j + 1 for j, w in enumerate(args) if w in VALUED_PIP_OPTIONS}
+                targets.append(
+                    [w for j, w in enumerate(args) if not w.startswith("-") and j not in valued]
+                )
     return targets
+
+
+VALUED_PIP_OPTIONS = ("-c", "--constraint", "-r", "--requirement", "--config-settings")
+
+
+def _constraints(command: str) -> list[str | None]:
+    """For each ``pip install`` of a shell line, the constraints file it names (or None)."""
+    found: list[str | None] = []
+    for part in re.split(r"&&|;", command):
+        try:
+            words = shlex.split(part, comments=True)
+        except ValueError:
+            continue
+        for i, word in enumerate(words[:-1]):
+            if word.endswith("pip") and words[i + 1] == "install":
+                args = words[i + 2 :]
+                named = [args[j + 1] for j, w in enumerate(args[:-1]) if w == "-c"]
+                found.append(named[0] if named else None)
+    return found
 
 
 def test_the_dockerfile_pip_installs_this_repo_into_a_slim_non_root_image() -> None:
@@ -330,8 +354,10 @@ def test_the_dockerfile_pip_installs_this_repo_into_a_slim_non_root_image() -> N
     assert bases[-1].endswith("-slim"), "the runtime stage is not slim"
     users = [rest for keyword, rest in steps if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
+    # The health check asks the port the service announced (tests/test_healthcheck.py), not
+    # the one a variable names: `run --http-port` keeps a healthy container healthy.
     healthcheck = " ".join(rest for keyword, rest in steps if keyword == "HEALTHCHECK")
-    assert "/healthz" in healthcheck
+    assert json.loads(healthcheck.split("CMD", 1)[1]) == ["promptsched", "healthcheck"]
     entrypoint = json.loads(next(rest for keyword, rest in steps if keyword == "ENTRYPOINT"))
     assert entrypoint == list(pyproject["project"]["scripts"])
 
@@ -379,3 +405,44 @@ def test_the_docker_build_context_keeps_what_the_dockerfile_copies() -> None:
     kept = {line[1:].split("/")[0] for line in ignore if line.startswith("!")}
     copied = _copied(_instructions())
     assert copied <= kept
+
+
+# --- reproducible builds: one lock file for the image and `make run` -------------------------
+
+
+def _locked() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version and re.fullmatch(r"[\w.+-]+", version), f"not an exact pin: {line}"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_the_lock_pins_every_dependency_of_the_service() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    locked = _locked()
+    for requirement in pyproject["project"]["dependencies"]:
+        name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]
+        assert re.sub(r"[-_.]+", "-", name).lower() in locked, f"{name} is not in the lock"
+
+
+def test_the_image_and_make_install_with_the_lock_and_the_runtime_has_no_installer() -> None:
+    steps = _instructions()
+    dockerfile = [c for keyword, rest in steps if keyword == "RUN" for c in _constraints(rest)]
+    assert dockerfile == ["requirements.lock"], dockerfile
+    assert "requirements.lock" in _copied(steps)
+    makefile = re.sub(r"\\\n", " ", (ROOT / "Makefile").read_text())
+    # `make run` and `make test` install into .venv ($(BIN)); `make lock` resolves afresh.
+    installs = [
+        c for line in makefile.splitlines() if "$(BIN)/pip" in line for c in _constraints(line)
+    ]
+    assert installs and all(c == "requirements.lock" for c in installs), installs
+    # The runtime stage (after the last FROM) removes pip and setuptools; the build stage's
+    # virtualenv, which it copies, has them uninstalled too.
+    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
+    runtime = " ".join(rest for keyword, rest in steps[last_from:] if keyword == "RUN")
+    build = " ".join(rest for keyword, rest in steps[:last_from] if keyword == "RUN")
+    for stage in (runtime, build):
+        assert re.search(r"pip uninstall --yes[^&;]*\bpip\b[^&;]*\bsetuptools\b", stage), stage

@@ -22,6 +22,7 @@ from promptsched.cli import (
     completion,
     fleet,
     followups,
+    health,
     notifications,
     runs,
     schedules,
@@ -50,13 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     followups.register(sub)
     tokens.register(sub)
     fleet.register(sub)
+    health.register(sub)
     completion.register(sub, parser)
     remote_ok = ("schedules", "runs", "notifications", "preview", "budget", "followups")
     for name in (*remote_ok, "status", "doctor"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():
-        if name not in ("run", "completion"):
+        if name not in ("run", "completion", "healthcheck"):
             for leaf in _leaves(command):
                 common.add_database_flags(leaf)
     return parser

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
@@ -41,7 +42,9 @@ CLAIM_MAX = 256
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name without ``PROMPTSCHED_WORKER_ID``: host, pid and a random part, so
+    two containers on host networking (one host name, both pid 1) still differ."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class WorkerPool:
