@@ -24,6 +24,7 @@ from promptsched.config import Config
 from promptsched.console import routes as console
 from promptsched.executors.providers import build_registry
 from promptsched.executors.settings import ProviderSettings, parse_providers
+from promptsched.mcpserver import http as mcp_http
 from promptsched.metrics import Metrics
 from promptsched.monitor import patterns as output_patterns
 from promptsched.ops import doctor, fleet
@@ -208,7 +209,8 @@ class Supervisor:
                 retention=serving.retention,
                 published=lambda: self.published().config,
                 doctor=lambda: doctor.run(self.config, self.dsn, self.published()),
-                mounts=(console.mount,),  # the operator console: pages under / outside /v1
+                # the operator console (pages under / outside /v1) and MCP at /mcp
+                mounts=(console.mount, mcp_http.mount),
             )
             self.api = api_app.ApiServer(app, serving.host, serving.port)
             await tg.start(self.api.run)

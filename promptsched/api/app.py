@@ -4,6 +4,7 @@ role that serves it."""
 from __future__ import annotations
 
 import errno
+import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -118,6 +119,21 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
         _, code, message = protocol.describe(exc)
         return _error(400, code, message, request_id)
     return None
+
+
+def error_answer(exc: Exception, request_id: str) -> tuple[int, dict[str, Any]] | None:
+    """The status and ``error`` object the API answers for ``exc`` (an error it raises on
+    purpose, or the database out of reach); None for anything else, which is a bug of ours.
+    For operations called in-process (``http.invoke``), worded as over HTTP."""
+    if isinstance(exc, _UNAVAILABLE):
+        return 503, {"code": "unavailable", "message": "the database is unreachable",
+                     "field": None, "request_id": request_id}  # fmt: skip
+    response = _known_error(exc, request_id)
+    if response is None:
+        return None
+    assert isinstance(response.body, bytes)
+    error: dict[str, Any] = json.loads(response.body)["error"]
+    return response.status, error
 
 
 async def _refuse_declared_size(request: web.Request, request_id: str) -> web.StreamResponse:

@@ -40,7 +40,7 @@ class ApiError(Exception):
 class Call:
     """One request, authenticated and parsed."""
 
-    request: web.Request
+    request: web.Request | None  # None for an operation invoked in-process (``invoke``)
     deps: Deps
     principal: auth.Principal | None
     params: dict[str, Any]
@@ -186,6 +186,59 @@ async def read_body(request: web.Request, component: str, required: bool) -> dic
     validate.check_storable(data)
     checked: dict[str, Any] = validate.check(data, schemas.COMPONENTS[component])
     return checked
+
+
+def check_params(params: Sequence[Param], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters given as JSON values (an in-process call) checked as ``parse_params`` checks
+    them off a request: a string is read as the route reads it, anything else checked as is."""
+    known = {p.name for p in params}
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValidationError(name[:60], f"is not a known parameter{hint}")
+    found: dict[str, Any] = {}
+    for param in params:
+        raw = given.get(param.name)
+        if raw is None:
+            if param.required:
+                raise ValidationError(param.name, "is required")
+            found[param.name] = param.schema.get("default")
+            continue
+        value = _coerce(raw, param) if isinstance(raw, str) else raw
+        found[param.name] = validate.check(value, param.schema, param.name)
+    return found
+
+
+def check_body(op: Operation, body: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A body given as a JSON object (an in-process call) checked as ``read_body`` checks it."""
+    component = op.body_schema
+    if component is None:
+        return {}
+    if not body:
+        if op.needs_body:
+            raise ApiError(400, "malformed_json", "the request needs a JSON object body")
+        body = {}
+    validate.check_storable(body)
+    checked: dict[str, Any] = validate.check(dict(body), schemas.COMPONENTS[component])
+    return checked
+
+
+async def invoke(
+    op: Operation,
+    deps: Deps,
+    principal: auth.Principal | None,
+    params: Mapping[str, Any],
+    body: Mapping[str, Any] | None = None,
+    request: web.Request | None = None,
+) -> web.StreamResponse:
+    """``op`` called in-process for an already authenticated principal, its parameters and
+    body checked exactly as over HTTP (the MCP endpoint answers its tools this way)."""
+    if op.auth and principal is None:
+        raise ApiError(401, "unauthorized", "a valid bearer token is required")
+    found = check_params(op.params, params)
+    checked = check_body(op, body)
+    return await op.handler(Call(request, deps, principal, found, checked))
 
 
 def endpoint(op: Operation, deps: Deps) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -23,6 +23,7 @@ from promptsched.cli import (
     fleet,
     followups,
     health,
+    mcp_server,
     notifications,
     runs,
     schedules,
@@ -52,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.register(sub)
     fleet.register(sub)
     health.register(sub)
+    mcp_server.register(sub)
     completion.register(sub, parser)
     remote_ok = ("schedules", "runs", "notifications", "preview", "budget", "followups")
-    for name in (*remote_ok, "status", "doctor"):
+    for name in (*remote_ok, "status", "doctor", "mcp"):
         for leaf in _leaves(sub.choices[name]):
             backend.add_remote_flags(leaf)
     for name, command in sub.choices.items():

@@ -11,6 +11,7 @@ from promptsched.web import progress
 
 
 async def stream(call: Call) -> web.StreamResponse:
+    assert call.request is not None, "a stream answers an HTTP request"
     return await progress.stream_run(
         call.request, pool=call.deps.pool, hub=call.deps.progress,
         run_id=call.params["id"], who=call.who, clock=call.deps.clock,
