@@ -72,6 +72,7 @@ BROKEN: dict[str, tuple[str, ...]] = {
     "completion": ("completion", "fish"),
     "status": ("status", "--url", "ftp://nowhere.example", "--token", "pst_x"),
     "doctor": ("doctor", "--url", "ftp://nowhere.example", "--token", "pst_x"),
+    "mcp": ("mcp", "--owner", "not an owner!"),
 }
 
 

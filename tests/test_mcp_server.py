@@ -218,7 +218,6 @@ async def test_a_bad_argument_is_a_tool_error_naming_the_argument(
     token, _ = await _token(service.dsn, _owner("typo"))
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("create_schedule", {"name": "x", "cron": "61 * * * *", "prompt": "p"}, "cron"),
-        ("create_schedule", {"name": "x", "cron": "0 9 * * *", "prompt": "p", "tz": "UTC"}, "tz"),
         ("create_schedule", {"name": "x", "every": "1h", "prompt": "p",
                              "notify_when": "/in_stock =="}, "notify_when"),  # fmt: skip
         ("show_schedule", {"id": "seven"}, "id"),
@@ -233,6 +232,11 @@ async def test_a_bad_argument_is_a_tool_error_naming_the_argument(
             text = await refused(client, tool, arguments)
             assert f"Invalid argument `{field}`" in text, (tool, arguments, text)
             assert f"call {tool} again" in text
+        unknown = await refused(
+            client, "create_schedule", {"name": "x", "cron": "0 9 * * *", "prompt": "p",
+                                        "time_zone": "UTC"},
+        )  # fmt: skip
+        assert unknown.startswith("Unknown argument `time_zone`") and "`timezone`" in unknown
         # Nothing was stored by any of them.
         assert (await call(client, "list_schedules", {}))["items"] == []
         assert (await call(client, "list_followups", {}))["items"] == []
@@ -320,3 +324,34 @@ async def test_a_revoked_token_is_refused_on_the_next_call(
     keys = await _sql(service.dsn, "SELECT key FROM followups WHERE key IN ('before', 'after') "
                       "AND owner LIKE 'carol-%' ORDER BY key")  # fmt: skip
     assert "after" not in [r["key"] for r in keys]
+
+
+async def test_stdio_without_a_url_works_on_the_database_as_its_operator(dsn: str) -> None:
+    """``promptsched mcp`` with no service: the database's operator, who sees every owner's
+    schedules and creates as ``--owner``; input is checked as the API checks it."""
+    conn = await pools.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO schedules (owner, name, kind, expression, timezone, prompt, provider, "
+            "next_fire_at) VALUES ('zoe', 'zoe''s', 'cron', '0 0 1 1 *', 'UTC', 'p', 'echo', "
+            "now() + interval '1 day')"
+        )
+    finally:
+        await conn.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTSCHED_")}
+    env["PROMPTSCHED_DATABASE_URL"] = dsn
+    command = StdioServerParameters(
+        command=sys.executable, args=["-m", "promptsched", "mcp", "--owner", "ops"], env=env,
+        cwd=str(ROOT),
+    )  # fmt: skip
+    async with Client(command, read_timeout_seconds=30) as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+        created = await call(
+            client, "create_schedule", {"name": "nightly", "cron": "0 3 * * *", "prompt": "p"}
+        )
+        assert created["owner"] == "ops"
+        listed = await call(client, "list_schedules", {})
+        assert sorted(s["owner"] for s in listed["items"]) == ["ops", "zoe"]
+        text = await refused(client, "create_schedule", {"name": "x", "every": "0s", "prompt": "p"})
+        assert text.startswith("Invalid argument `every`")
+        assert "replicas" in await call(client, "fleet_status", {})

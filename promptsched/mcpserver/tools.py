@@ -6,6 +6,7 @@ do about it. The resources: a run's output and a schedule's recent runs."""
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -301,6 +302,11 @@ def refusal_text(tool: ToolSpec, refused: Refused, arguments: Mapping[str, Any])
     message = refused.message.rstrip(".")
     if refused.status in (400, 422) and refused.field:
         name = argument(refused.field, arguments)
+        known = list(tool.schema["properties"])
+        if name in arguments and name not in known:  # an argument the tool does not take
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+            hint = f"did you mean `{close[0]}`?" if close else f"it takes {', '.join(known)}"
+            return f"Unknown argument `{name}`: {tool.name} does not take it; {hint}"
         return f"Invalid argument `{name}`: {message}. Correct `{name}` and call {tool.name} again."
     if refused.status in (400, 422):
         return f"Invalid arguments: {message}. Correct them and call {tool.name} again."
