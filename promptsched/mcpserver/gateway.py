@@ -18,6 +18,7 @@ import structlog
 
 from promptsched.api import app as api_app
 from promptsched.api import http
+from promptsched.ops import lookups
 from promptsched.web import auth
 from promptsched.web.deps import Deps
 
@@ -67,7 +68,9 @@ class InProcess:
     ) -> Answer:
         op = OPERATIONS[operation]
         try:
-            response = await http.invoke(op, self.deps, self.principal, params or {}, body)
+            response = await lookups.retry_stale(  # one unit of work, as a request is
+                lambda: http.invoke(op, self.deps, self.principal, params or {}, body)
+            )
         except Exception as exc:
             request_id = uuid.uuid4().hex
             known = api_app.error_answer(exc, request_id)
