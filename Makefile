@@ -136,13 +136,16 @@ lock:
 	  > "$$tmp/requirements.lock" && mv "$$tmp/requirements.lock" requirements.lock
 	@echo "make: requirements.lock written; review 'git diff requirements.lock' and commit it"
 
-# The container image (deploy/Dockerfile) with podman or docker, whichever is installed.
+# The container image (deploy/Dockerfile) with podman or docker, whichever is installed;
+# IMAGE_BUILD_FLAGS passes more to the build (e.g. --network host). podman builds in docker
+# format: the OCI format has no HEALTHCHECK.
 IMAGE ?= promptsched:$(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])" 2>/dev/null || echo latest)
 CONTAINER_RUNTIME ?= $(firstword $(foreach c,podman docker,$(if $(shell command -v $(c) 2>/dev/null),$(c))))
 image:
 	@if [ -z "$(CONTAINER_RUNTIME)" ]; then \
 	  echo "make image: neither podman nor docker is installed (set CONTAINER_RUNTIME)" >&2; exit 1; fi
-	$(CONTAINER_RUNTIME) build -f deploy/Dockerfile \
+	$(CONTAINER_RUNTIME) build $(if $(findstring podman,$(CONTAINER_RUNTIME)),--format docker) \
+	  $(IMAGE_BUILD_FLAGS) -f deploy/Dockerfile \
 	  --build-arg PROMPTSCHED_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
 	  -t $(IMAGE) .
 
