@@ -13,6 +13,7 @@ from promptsched import budgets
 from promptsched.domain import ChangeAction
 from promptsched.errors import ValidationError
 from promptsched.human import describe, text, times
+from promptsched.human import runs as human_runs
 from promptsched.human import schedules as human_schedules
 from promptsched.ops import notify_targets
 from promptsched.schedule import fire_times, spec
@@ -213,6 +214,10 @@ def run_details(
             continue
         if key == "notify_decision":
             pairs.append(("notify", notify_decision_words(data) or "on every success"))
+            continue
+        if key == "cleaned_chars":
+            if value:
+                pairs.append(("cleaned", human_runs.cleaned_words(value)))
             continue
         shown = times.when(value, zone, now) if key in _RUN_TIMES and value else scalar(value)
         pairs.append((key.replace("_", " "), shown))

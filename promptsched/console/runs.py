@@ -305,6 +305,8 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         ("Usage", usage),
         *await _monitor_facts(ctx, row),
     ]
+    if row["cleaned_chars"]:
+        facts.append(("Cleaned", human_runs.cleaned_words(row["cleaned_chars"])))
     body = _DETAIL(
         status=layout.badge(row["status"]),
         schedule=layout.link(f"/schedules/{schedule.id}", schedule.name),

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
+from promptsched import storable
 from promptsched.durations import format_duration
 from promptsched.errors import Pace, PermanentError, ValidationError
 from promptsched.executors import budget as budgets
@@ -295,6 +296,7 @@ class Loop:
         )  # fmt: skip
         started = anyio.current_time()
         result, failed = await self._invoke(call)
+        result = storable.clean(result)  # a tool's text enters here (a page, an MCP server)
         ms = round((anyio.current_time() - started) * 1000)
         await self.report(
             "tool_result", number,

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from promptsched import storable
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError, PermanentError, RetryableError, Throttled
 from promptsched.executors import http_pool, ratelimit
@@ -106,7 +107,7 @@ def _json_message(text: str) -> str | None:
 
 def body_excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
     """A short one-line excerpt of an error body (the ``error.message`` of a JSON error)."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = storable.decode(body) if isinstance(body, bytes) else storable.clean(body)
     text = _json_message(text) or text
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -200,11 +201,14 @@ class HttpReply:
     charset: str | None
 
     def text(self) -> str:
-        return self.body.decode(self.charset or "utf-8", "replace")
+        """The body as storable text (``storable.decode``): what a provider sent enters here."""
+        return storable.decode(self.body, self.charset)
 
     def json(self, provider: str) -> Any:
+        """The body's JSON, its strings storable (a ``\\u0000`` or a lone ``\\ud800`` escape
+        is read as any other character would be, then cleaned)."""
         try:
-            return json.loads(self.text())
+            return storable.clean(json.loads(self.text()))
         except ValueError as exc:
             raise invalid_response(provider, f"body is not JSON ({exc})") from None
 

@@ -1,4 +1,5 @@
-"""A run's standing in words, the same in the CLI and the console: why a slot was skipped."""
+"""A run's standing in words, the same in the CLI and the console: why a slot was skipped,
+and what of its text could not be stored as sent."""
 
 from __future__ import annotations
 
@@ -17,3 +18,12 @@ def skip_words(reason: str, missed: int = 0) -> str:
     """``skipped: inside a pause``; with ``missed``, how many more slots the row stands for."""
     words = SKIPS.get(reason, f"skipped: {reason}")
     return words + (f"; it stands for {missed} more missed slots" if missed else "")
+
+
+def cleaned_words(count: int) -> str:
+    """A run's ``cleaned_chars`` in words (promptsched/storable.py)."""
+    chars = "1 character" if count == 1 else f"{count} characters"
+    return (
+        f"{chars} could not be stored as sent (a NUL, a lone surrogate or invalid UTF-8) "
+        "and became U+FFFD"
+    )

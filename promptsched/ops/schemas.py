@@ -193,6 +193,12 @@ _RUN: dict[str, Schema] = {
         "description": "attempts the provider throttled (not counted in max_attempts)",
     },
     "tokens": {"type": "integer", "description": "tokens over every attempt (usage reported)"},
+    "cleaned_chars": {
+        "type": ["integer", "null"],
+        "description": "characters of what its attempts stored (output, error, transcript) "
+        "that could not be stored as sent and were replaced with U+FFFD: a NUL, a lone "
+        "surrogate, a byte that is not UTF-8 (a NaN in JSON became null); null: none",
+    },
     "output_json": {
         "description": "a schedule with an output_schema: the answer's JSON, checked against it"
     },

@@ -21,6 +21,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskStatus
 
+from promptsched import storable
 from promptsched.clock import Clock
 from promptsched.config import NotifierSettings
 from promptsched.delivery import DeliveryError, FollowupCheck, Notification, Sender
@@ -229,9 +230,12 @@ class Notifier:
             policy=RetryPolicy(row.max_attempts, self.settings.retry_base, self.settings.retry_max),
             jitter=random.random(),
         )
+        # A receiver's answer (its body, its headers) enters here: storable as any text from
+        # outside, or one odd answer would fail the batch's settle for every notification.
+        error = storable.clean(exc.message)
         if decision.action == "retry":
-            return Outcome(OutboxStatus.PENDING, retry_in=decision.delay, error=exc.message)
-        return Outcome(OutboxStatus.DEAD, error=exc.message)
+            return Outcome(OutboxStatus.PENDING, retry_in=decision.delay, error=error)
+        return Outcome(OutboxStatus.DEAD, error=error)
 
     async def _settle(
         self, rows: list[OwedNotification], outcomes: dict[int, Outcome]

@@ -641,6 +641,8 @@ class Finish:
     wait: timedelta | None = None  # how long the provider asked it to wait
     # a retry moved to another place of the run's route: (route, provider, model)
     reroute: tuple[int, str, str | None] | None = None
+    # characters replaced to make the attempt's text storable (promptsched/storable.py)
+    cleaned: int | None = None
 
 
 async def run_finish_many(
@@ -673,6 +675,7 @@ async def run_finish_many(
         [f.reroute[0] if f.reroute else None for f in batch],
         [f.reroute[1] if f.reroute else None for f in batch],
         [f.reroute[2] if f.reroute else None for f in batch],
+        [f.cleaned for f in batch],
     )
     assert row is not None
     return set(row["landed"])

@@ -10,7 +10,8 @@
   its final write (succeeded, pending at a backoff, dead, cancelled, or nothing).
 - ``heartbeat``: the in-flight attempts (``InFlight`` with its one ``StopReason``, owned by
   ``InFlightAttempts``), one batched lease renewal for all of them, and the fence.
-- ``finalizer``: group commit of the attempts' final writes.
+- ``finalizer``: group commit of the attempts' final writes; a write Postgres refuses for its
+  own values fails alone.
 - ``fleet``: a provider's fleet-wide limits as this process meets them: the limited claim,
   the wait while they bind, and what each attempt reports to the provider's shared row
   (tokens, breaker).

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
-from promptsched import budgets, fallback
+from promptsched import budgets, fallback, storable
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError
@@ -30,6 +30,47 @@ Outcome = ExecutionResult | ExecutorError | None
 # that answer this way), with equal jitter.
 THROTTLE_BASE = 2.0
 THROTTLE_MAX = 60.0
+
+
+_RESULT_TEXTS = ("output", "usage", "answer", "data")
+
+
+def stored(outcome: Outcome) -> Outcome:
+    """The outcome as it can be stored: every text and JSON value of a result or an error
+    (its output, answer, structured data, usage, message) through ``storable.clean``, which
+    counts what it replaced for the attempt; the outcome itself when all was storable."""
+    if isinstance(outcome, ExecutionResult):
+        kept = {name: storable.clean(getattr(outcome, name)) for name in _RESULT_TEXTS}
+        if all(value is getattr(outcome, name) for name, value in kept.items()):
+            return outcome
+        return dataclasses.replace(outcome, **kept)
+    if isinstance(outcome, ExecutorError):
+        message, usage = storable.clean(outcome.message), storable.clean(outcome.usage)
+        if message is outcome.message and usage is outcome.usage:
+            return outcome
+        return type(outcome)(
+            message, retry_after=outcome.retry_after, usage=usage, pace=outcome.pace
+        )
+    return outcome
+
+
+def refused(item: queries.Finish, reason: str) -> queries.Finish:
+    """The write an attempt ends with when Postgres refused its own final write, alone (the
+    finalizer wrote the rest of its batch without it): the run is dead with the database's
+    reason, and keeps only what the attempt used. Its provider is not asked again: its answer
+    came, and could not be kept. A follow-up's check ends."""
+    return queries.Finish(
+        item.run_id,
+        item.attempt_id,
+        RunStatus.DEAD,
+        AttemptStatus.FAILED,
+        error=f"could not store the attempt's result, the database refused it ({reason}); "
+        "the provider was not called again",
+        provider=item.provider,
+        model=item.model,
+        check={"decision": None} if item.check is not None else None,
+        cleaned=item.cleaned,
+    )
 
 
 def reported_usage(outcome: Outcome, agent_steps: Mapping[str, int]) -> dict[str, Any]:

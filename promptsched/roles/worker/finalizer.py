@@ -1,11 +1,14 @@
 """Group commit for attempt finalization: attempts hand their final write to ``submit`` and are
 done; one task writes everything that queued up meanwhile as one guarded statement
-(run_finish_many), then reports each write's fate to the callback submitted with it."""
+(run_finish_many), then reports each write's fate to the callback submitted with it. A batch
+Postgres refuses for one row's values is written again without that row, whose run alone ends
+dead with the reason (docs/reliability.md, "Isolation of failure")."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -13,15 +16,39 @@ import asyncpg
 import structlog
 from anyio.abc import TaskStatus
 
+from promptsched import storable
 from promptsched.clock import Clock
 from promptsched.metrics import Metrics
+from promptsched.roles.worker import attempt
 from promptsched.store import queries
 
 log = structlog.get_logger("finalizer")
 
-# True: the write landed. False: the attempt was stale (fenced) and changed nothing. An
-# exception: the database failed, so whether the write landed is unknown.
-Outcome = bool | Exception
+# SQLSTATE classes of a refusal caused by a row's own values: a data exception (a NUL, a number
+# out of range, JSON that jsonb cannot hold, asyncpg's "invalid input for query argument"), an
+# integrity constraint violation, a program limit exceeded (a value too large). Retrying the
+# rest of the batch without that row can land; any other error is the database's, not a row's.
+ROW_FAULTS = ("22", "23", "54")
+REASON_CHARS = 300
+
+
+def refused_for_a_row(exc: BaseException) -> bool:
+    return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate or "")[:2] in ROW_FAULTS
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Postgres refused this write alone; the run was ended by ``replacement`` instead (dead,
+    with the reason), which ``landed`` or was fenced."""
+
+    replacement: queries.Finish
+    landed: bool
+
+
+# True: the write landed. False: the attempt was stale (fenced) and changed nothing. Refused:
+# the write was refused for its own values and its run ended dead instead. An exception: the
+# database failed, so whether the write landed is unknown.
+Outcome = bool | Refused | Exception
 Done = Callable[[Outcome], None]
 
 
@@ -87,25 +114,61 @@ class Finalizer:
             await self._write(batch)
 
     async def _write(self, batch: list[tuple[queries.Finish, Done]]) -> None:
-        outcome: set[int] | Exception
+        fates: dict[int, Outcome] = {}
         # Shielded and bounded: a shutdown must not cut a final write in half, and a hung
         # database must not hold the worker forever (the leases expire; the reaper decides).
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + self.write_timeout
             started = time.perf_counter()
+            await self._land(list(enumerate(item for item, _ in batch)), fates)
+            if self._metrics is not None and not any(
+                isinstance(fate, Exception) for fate in fates.values()
+            ):
+                self._metrics.final_write_seconds.observe(time.perf_counter() - started)
+        late = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
+        for index, (item, done) in enumerate(batch):
             try:
-                outcome = await queries.run_finish_many(
-                    self.pool, self.clock.sql_now(), [item for item, _ in batch], self.worker_id
-                )
-                if self._metrics is not None:
-                    self._metrics.final_write_seconds.observe(time.perf_counter() - started)
-            except Exception as exc:  # asyncpg raises more than PostgresError when a
-                # connection dies: report it to every attempt of the batch, never crash
-                outcome = exc
-        if scope.cancelled_caught:
-            outcome = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
-        for item, done in batch:
-            try:
-                done(item.run_id in outcome if isinstance(outcome, set) else outcome)
+                done(late if scope.cancelled_caught else fates.get(index, late))
             except Exception:  # a bug in one report must not stop the others' writes
                 log.exception("finalizer.report_failed", run_id=item.run_id)
+
+    async def _land(
+        self, items: list[tuple[int, queries.Finish]], fates: dict[int, Outcome]
+    ) -> None:
+        """Write ``items`` as one statement and record each one's fate by its index. A batch
+        that Postgres refuses for a row's own values is written again as two halves, down to
+        the one write it refuses, which ends its run with the reason instead (``refused``):
+        one answer it cannot store fails no other run, and no run is left to its lease."""
+        try:
+            landed = await queries.run_finish_many(
+                self.pool, self.clock.sql_now(), [item for _, item in items], self.worker_id
+            )
+        except Exception as exc:  # asyncpg raises more than PostgresError when a connection
+            # dies: report it to every attempt of the batch, never crash
+            if not refused_for_a_row(exc):
+                fates.update((index, exc) for index, _ in items)
+            elif len(items) > 1:
+                log.warning("finalizer.batch_refused", rows=len(items), error=type(exc).__name__)
+                half = len(items) // 2
+                await self._land(items[:half], fates)
+                await self._land(items[half:], fates)
+            else:
+                index, item = items[0]
+                fates[index] = await self._refused(item, exc)
+            return
+        fates.update((index, item.run_id in landed) for index, item in items)
+
+    async def _refused(self, item: queries.Finish, exc: Exception) -> Outcome:
+        """The run of the one write Postgres refused, ended ``dead`` with the reason."""
+        reason = storable.clean(str(exc))
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 1] + "…"
+        log.error("finalizer.write_refused", run_id=item.run_id, error=type(exc).__name__)
+        replacement = attempt.refused(item, reason)
+        try:
+            landed = await queries.run_finish_many(
+                self.pool, self.clock.sql_now(), [replacement], self.worker_id
+            )
+        except Exception as again:
+            return again
+        return Refused(replacement, item.run_id in landed)

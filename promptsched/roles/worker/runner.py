@@ -17,7 +17,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
-from promptsched import logs
+from promptsched import logs, storable
 from promptsched.clock import Clock
 from promptsched.config import WorkerSettings
 from promptsched.domain import ClaimedRun, RunStatus
@@ -39,9 +39,10 @@ from promptsched.roles.worker.attempt import (
     settle,
     skip_disabled,
     skip_over_budget,
+    stored,
     watched,
 )
-from promptsched.roles.worker.finalizer import Finalizer, Outcome
+from promptsched.roles.worker.finalizer import Finalizer, Outcome, Refused
 from promptsched.roles.worker.fleet import Fleet
 from promptsched.roles.worker.heartbeat import Heartbeat
 from promptsched.roles.worker.inflight import InFlight
@@ -138,7 +139,10 @@ class AttemptRunner:
                 provider=attempt.provider,
             )
         started = time.monotonic()
-        outcome = await self._call_executor(row, attempt)
+        # What the provider, its tools and the transcript brought in, made storable here,
+        # where it enters (storable.clean, counted for the run: cleaned_chars).
+        with storable.counting() as cleaned:
+            outcome = stored(await self._call_executor(row, attempt))
         duration = time.monotonic() - started
         usage = reported_usage(outcome, attempt.usage)
         if self.limiters[attempt.provider].fleet:
@@ -151,7 +155,7 @@ class AttemptRunner:
             # breaker heard of it, so a half-open breaker's probe is never counted as neither
             # running nor reported.
             attempt.permit.release()
-        return self._settle(row, attempt, outcome, usage, duration)
+        return self._settle(row, attempt, outcome, usage, duration, cleaned.count)
 
     async def _call_executor(
         self, row: ClaimedRun, attempt: InFlight
@@ -226,8 +230,10 @@ class AttemptRunner:
         outcome: ExecutionResult | ExecutorError | None,
         usage: dict[str, Any],
         duration: float,
+        cleaned: int = 0,
     ) -> bool:
-        """Queue the attempt's final write; False when it must write nothing."""
+        """Queue the attempt's final write; False when it must write nothing. ``cleaned``:
+        characters replaced to make its text storable."""
         if attempt.stop.writes_nothing:
             return False  # the lease is gone: this attempt writes nothing (nor counts usage)
         # the model it used: its route's place's, else its provider's default
@@ -246,6 +252,8 @@ class AttemptRunner:
         )
         assert item is not None  # settle writes nothing only for a lease that is gone
         item = watched(row, item, outcome)
+        if cleaned:
+            item = dataclasses.replace(item, cleaned=cleaned)
         provider = attempt.provider
         item = self._routed(item, provider)
         if row.followup_key is not None and isinstance(outcome, ExecutionResult):
@@ -323,6 +331,12 @@ class AttemptRunner:
         """Called by the finalizer once the attempt's final write landed, was fenced or failed."""
         forget = True
         try:
+            if isinstance(outcome, Refused):
+                # Postgres refused this write alone; the run ended dead with the reason instead.
+                self.metrics.role_errors.labels("worker").inc()
+                if item.status != RunStatus.DEAD:
+                    self.metrics.dead_letters.labels(attempt.provider).inc()
+                item, outcome = outcome.replacement, outcome.landed
             if isinstance(outcome, Exception):
                 # Whether the write landed is unknown. If not, the run keeps our lease until it
                 # expires (this attempt no longer heartbeats) and the reaper decides.

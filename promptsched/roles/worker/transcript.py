@@ -5,6 +5,7 @@ design; the transcript is the durable record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 from uuid import UUID
@@ -12,6 +13,7 @@ from uuid import UUID
 import asyncpg
 import structlog
 
+from promptsched import storable
 from promptsched.clock import Clock
 from promptsched.executors.base import Step
 from promptsched.metrics import Metrics
@@ -71,6 +73,10 @@ class AttemptLog:
         self.attempt = attempt
 
     async def record(self, step: Step) -> None:
+        # A step quotes the model and its tools: storable as every text from outside.
+        text, detail = storable.clean(step.text), storable.clean(step.detail)
+        if text is not step.text or detail is not step.detail:
+            step = dataclasses.replace(step, text=text, detail=detail)
         try:
             landed = await queries.attempt_append_step(
                 self.pool,

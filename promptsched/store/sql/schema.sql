@@ -788,6 +788,7 @@ CREATE TABLE public.runs (
     throttles integer DEFAULT 0 NOT NULL,
     route smallint DEFAULT 0 NOT NULL,
     model text,
+    cleaned_chars integer,
     CONSTRAINT runs_lease_only_while_running CHECK (((lease_expires_at IS NULL) OR (status = 'running'::text))),
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),

@@ -201,16 +201,18 @@ CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS quick;
 -- provider and model it used ($17, $18), whether it was throttled ($19: it then counts in
 -- runs.throttles, not against max_attempts) and how long it was asked to wait ($20); a retry
 -- may move the run to another place of its route ($21 route, $22 provider, $23 model; NULL
--- route: it stays where it is), 0023_provider_weather.sql.
+-- route: it stays where it is), 0023_provider_weather.sql. $24: characters the attempt's
+-- text needed replaced to be storable (promptsched/storable.py), NULL when none.
 WITH input AS (
     SELECT *
     FROM unnest($2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[], $7::text[],
                 $8::interval[], $9::text[], $10::text[], $11::jsonb[], $12::jsonb[],
                 $14::jsonb[], $15::jsonb[], $16::jsonb[], $17::text[], $18::text[],
-                $19::boolean[], $20::interval[], $21::integer[], $22::text[], $23::text[])
+                $19::boolean[], $20::interval[], $21::integer[], $22::text[], $23::text[],
+                $24::integer[])
          AS i(id, attempt_id, status, output, usage, error, retry_in, skip_reason,
               attempt_status, notice, followup, output_json, decision, watch,
-              provider, model, throttled, wait, next_route, next_provider, next_model)
+              provider, model, throttled, wait, next_route, next_provider, next_model, cleaned)
     WHERE attempt_id IS NOT NULL
 ), decided AS MATERIALIZED (
     -- A `changed` monitor's success is decided against its schedule's memory before its
@@ -236,6 +238,10 @@ WITH input AS (
         -- totals over every attempt, whatever its outcome (the usage carries its cost)
         tokens = r.tokens + coalesce((i.usage ->> 'total_tokens')::bigint, 0),
         cost = r.cost + coalesce((i.usage ->> 'cost')::float8, 0),
+        -- characters replaced to make what the attempts stored storable, over every attempt
+        -- ($24, NULL: none; 0035_run_cleaned_chars.sql)
+        cleaned_chars = CASE WHEN i.cleaned IS NULL THEN r.cleaned_chars
+                             ELSE coalesce(r.cleaned_chars, 0) + i.cleaned END,
         error = i.error,
         skip_reason = i.skip_reason,
         available_at = CASE WHEN i.retry_in IS NULL THEN r.available_at
