@@ -44,6 +44,7 @@ class Behaviour:
     group: int = 0
     calls: tuple[tuple[str, str], ...] = ()  # (function name, arguments JSON) per tool call
     gate: asyncio.Event | None = None  # answer only once the test sets it
+    raw: bytes | None = None  # answer these bytes as they are (after any wait of its kind)
 
 
 def ok(
@@ -70,6 +71,13 @@ def tool_calls(
 def reply(body: str, *, status: int = 200, content_type: str = "application/json") -> Behaviour:
     """Exactly this body."""
     return Behaviour("status", status=status, body=body, headers={"Content-Type": content_type})
+
+
+def raw(body: bytes, content_type: str = "application/json", *, group: int = 0) -> Behaviour:
+    """200 with exactly these bytes, which need not be valid UTF-8 nor valid JSON; with
+    ``group``, held as ``gather`` holds its requests, so they are answered together."""
+    headers = {"Content-Type": content_type}
+    return Behaviour("gather" if group else "ok", raw=body, headers=headers, group=group)
 
 
 def slow(delay: float, content: str = "slow but fine") -> Behaviour:
@@ -130,6 +138,8 @@ class FakeOpenAI:
     """State of one running fake server; see ``start_fake_openai``."""
 
     default: Behaviour = field(default_factory=ok)
+    # the answer by request, when no scripted behaviour is queued (before the default)
+    route: Callable[[RecordedRequest], Behaviour | None] | None = None
     base_url: str = ""
     requests: list[RecordedRequest] = field(default_factory=list)
     in_flight: int = 0
@@ -168,7 +178,8 @@ class FakeOpenAI:
                 RecordedRequest(request.path, dict(request.headers), body, _json_or_none(body))
             )
             self._notify()
-            behaviour = self._queue.popleft() if self._queue else self.default
+            routed = self.route(self.requests[-1]) if self.route is not None else None
+            behaviour = self._queue.popleft() if self._queue else routed or self.default
             return await self._respond(request, behaviour)
         except asyncio.CancelledError:
             # handler_cancellation: the client closed the connection (or the server stops).
@@ -200,6 +211,8 @@ class FakeOpenAI:
             key = request.headers.get("Authorization", "")
             error = {"error": {"message": f"Incorrect API key provided: {key}"}}
             return web.json_response(error, status=401)
+        if behaviour.raw is not None:
+            return web.Response(body=behaviour.raw, headers=behaviour.headers)
         return web.json_response(
             _ok_body(request.path, behaviour, self.requests[-1].json), headers=behaviour.headers
         )

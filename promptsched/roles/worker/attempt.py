@@ -32,15 +32,18 @@ THROTTLE_BASE = 2.0
 THROTTLE_MAX = 60.0
 
 
-_RESULT_TEXTS = ("output", "usage", "answer", "data")
+_STORED = ("output", "usage", "data")  # a result's parts the run stores
 
 
 def stored(outcome: Outcome) -> Outcome:
     """The outcome as it can be stored: every text and JSON value of a result or an error
     (its output, answer, structured data, usage, message) through ``storable.clean``, which
-    counts what it replaced for the attempt; the outcome itself when all was storable."""
+    counts what it replaced in what the run stores; the outcome itself when all was
+    storable."""
     if isinstance(outcome, ExecutionResult):
-        kept = {name: storable.clean(getattr(outcome, name)) for name in _RESULT_TEXTS}
+        kept = {name: storable.clean(getattr(outcome, name)) for name in _STORED}
+        with storable.counting():  # read for a follow-up's decision, not stored: not counted
+            kept["answer"] = storable.clean(outcome.answer)
         if all(value is getattr(outcome, name) for name, value in kept.items()):
             return outcome
         return dataclasses.replace(outcome, **kept)
