@@ -18,15 +18,21 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched import storable
-from promptsched.clock import Clock
+from promptsched import netguard, storable
+from promptsched.clock import Clock, FrozenClock
+from promptsched.config import NotifierSettings
+from promptsched.delivery.webhook import WebhookSender
 from promptsched.domain import AttemptStatus, RunStatus
+from promptsched.executors import http_client
 from promptsched.executors.base import Step
 from promptsched.metrics import Metrics
+from promptsched.ops import notify_targets
+from promptsched.roles.notifier import Notifier
 from promptsched.roles.worker.finalizer import Finalizer, Outcome, Refused
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
+from tests.fakes.http_sink import HttpSink, Reply
 from tests.fakes.openai_server import Behaviour, FakeOpenAI, RecordedRequest, raw, start_fake_openai
 from tests.helpers import Service, run_cli, wait_until
 
@@ -297,3 +303,46 @@ def test_clean_replaces_what_postgres_cannot_hold_and_keeps_clean_values_as_they
     assert cleaned == "\ufffd"
     # Every cleaned value can be stored: text and JSON both encode.
     json.dumps(storable.clean(dirty)).encode()
+
+
+async def test_a_receivers_unstorable_answer_fails_no_other_notification(
+    pool: asyncpg.Pool[Any], sink: HttpSink
+) -> None:
+    # Two owners' webhooks in one notifier batch: the first receiver answers 500 with a NUL in
+    # its body, which the retry's error quotes; the other's notification is sent all the same.
+    allow = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
+    clock = FrozenClock(factories.EPOCH)
+    for owner in ("alice", "bob"):
+        sid = await factories.schedule(pool, name=owner)
+        notify = notify_targets.validate_targets({"webhook": {"url": sink.url}}, allow=allow)
+        await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", sid, notify)
+        await factories.pending_run(pool, sid)
+    assert await factories.worker_pool(pool, clock).run_once() == 2
+    sink.script(Reply(500, body="receiver broke: \x00 here"), Reply(200))
+    notifier = Notifier(
+        pool, clock, Metrics(), {"webhook": WebhookSender(allow=allow, timeout=5.0)},
+        NotifierSettings(lease=timedelta(seconds=60), timeout=timedelta(seconds=5),
+                         max_attempts=3, retry_base=timedelta(seconds=10),
+                         retry_max=timedelta(minutes=1)),
+    )  # fmt: skip
+    try:
+        assert await notifier.run_once() == {"sent": 1, "retry": 1}
+    finally:
+        await notifier.aclose()
+    rows = await pool.fetch("SELECT status, last_error FROM outbox ORDER BY status")
+    assert [(row["status"], row["last_error"]) for row in rows] == [
+        ("pending", "webhook: HTTP 500: receiver broke: \ufffd here"),
+        ("sent", None),
+    ]
+
+
+def test_a_providers_reply_is_read_storable_where_it_enters() -> None:
+    # The HTTP providers (openai, webhook and those to come) read every body through this.
+    body = b'{"choices": [{"message": {"content": "x\\u0000y \\ud800"}}], "k\\u0000": 1}'
+    reply = http_client.HttpReply(200, {}, body, "utf-8")
+    with storable.counting() as tally:
+        assert reply.json("p") == {"choices": [{"message": {"content": "x\ufffdy \ufffd"}}],
+                                   "k\ufffd": 1}  # fmt: skip
+        assert http_client.HttpReply(200, {}, b"a\xffb", None).text() == "a\ufffdb"
+        assert http_client.body_excerpt(b"oops \x00 \xfe") == "oops \ufffd \ufffd"
+    assert tally.count == 6
