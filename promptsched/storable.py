@@ -12,69 +12,117 @@ that what it stored was cleaned. A clean value is returned as it is, with no cop
 
 from __future__ import annotations
 
+import codecs
 import math
-import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, overload
 
 REPLACEMENT = "\ufffd"
-# What no Postgres text or jsonb value can hold: NUL, and a surrogate (in a Python str, any
-# surrogate is a lone one: json.loads joins a pair into one character).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_REPLACEMENT_UTF8 = REPLACEMENT.encode()
+_HANDLER = "promptsched-storable"
 
 
-@dataclass
 class Tally:
     """Characters (and numbers) replaced so far for one attempt."""
 
-    count: int = 0
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 _TALLY: ContextVar[Tally | None] = ContextVar("promptsched_storable_tally", default=None)
 
 
-@contextmanager
-def counting() -> Iterator[Tally]:
+class counting:  # a context manager, named as the function it stands in for
     """Count what ``clean`` replaces in this task (and the tasks it starts) until the end of
     the block: one attempt's tally."""
-    tally = Tally()
-    token = _TALLY.set(tally)
-    try:
-        yield tally
-    finally:
-        _TALLY.reset(token)
+
+    __slots__ = ("_token", "tally")
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+
+    def __enter__(self) -> Tally:
+        self._token = _TALLY.set(self.tally)
+        return self.tally
+
+    def __exit__(self, *_: object) -> None:
+        _TALLY.reset(self._token)
+
+
+def _replace(error: UnicodeError) -> tuple[str | bytes, int]:
+    """The codec error handler: one U+FFFD, counted, for each thing that is not UTF-8 (a lone
+    surrogate when encoding, as UTF-8 bytes: the encoder takes no other text; an invalid
+    sequence when decoding)."""
+    if isinstance(error, UnicodeEncodeError):
+        _count(error.end - error.start)
+        return _REPLACEMENT_UTF8 * (error.end - error.start), error.end
+    if isinstance(error, UnicodeDecodeError):
+        _count(1)
+        return REPLACEMENT, error.end
+    raise error
+
+
+codecs.register_error(_HANDLER, _replace)
 
 
 @overload
-def clean(value: str) -> str: ...
+def clean(value: str, *, counted: bool = True) -> str: ...
 @overload
-def clean(value: Any) -> Any: ...
-def clean(value: Any) -> Any:
+def clean(value: Any, *, counted: bool = True) -> Any: ...
+def clean(value: Any, *, counted: bool = True) -> Any:
     """``value`` (a str, or JSON: dicts, lists, strings, numbers) with every NUL and lone
     surrogate replaced by U+FFFD and every NaN or infinity by None; ``value`` itself when
-    there was nothing to replace. The count goes to the current tally, if any."""
-    if isinstance(value, str):
-        if _UNSTORABLE.search(value) is None:
-            return value
-        cleaned, count = _UNSTORABLE.subn(REPLACEMENT, value)
-        _count(count)
-        return cleaned
+    there was nothing to replace. The count goes to the current tally (unless ``counted`` is
+    false: a copy of what is counted elsewhere)."""
+    if value is None:
+        return None
+    if not counted:
+        with counting():
+            return clean(value)
+    if type(value) is str:
+        return _text(value) if _bad_text(value) else value
+    if type(value) in (int, bool):
+        return value
     if not _dirty(value):
         return value
     return _cleaned(value)
 
 
 def decode(body: bytes, charset: str | None = None) -> str:
-    """Bytes from outside as storable text: a byte that is not valid in ``charset`` (UTF-8
-    when it is missing or unknown) becomes U+FFFD, counted as ``clean`` counts."""
+    """Bytes from outside as storable text: each sequence that is not valid in ``charset``
+    (UTF-8 when it is missing or unknown) becomes U+FFFD, counted as ``clean`` counts."""
     try:
-        text = body.decode(charset or "utf-8", "surrogateescape")
+        text = body.decode(charset or "utf-8", _HANDLER)
     except LookupError:  # a charset no codec knows: read it as UTF-8
-        text = body.decode("utf-8", "surrogateescape")
+        text = body.decode("utf-8", _HANDLER)
     return clean(text)
+
+
+def _bad_text(text: str) -> bool:
+    """Whether ``text`` holds a NUL or a lone surrogate: a search for NUL, and only for text
+    that is not ASCII (a flag of the str) an encoding to UTF-8, both at C speed."""
+    if "\x00" in text:
+        return True
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _text(text: str) -> str:
+    nuls = text.count("\x00")
+    if nuls:
+        _count(nuls)
+        text = text.replace("\x00", REPLACEMENT)
+    if text.isascii():
+        return text
+    return text.encode("utf-8", _HANDLER).decode("utf-8")
 
 
 def _count(count: int) -> None:
@@ -83,27 +131,31 @@ def _count(count: int) -> None:
         tally.count += count
 
 
-def _bad_scalar(value: Any) -> bool:
-    if isinstance(value, str):
-        return _UNSTORABLE.search(value) is not None
-    return isinstance(value, float) and not math.isfinite(value)
-
-
 def _dirty(value: Any) -> bool:
     """Whether anything in ``value`` needs replacing (a walk with a stack, not recursion: JSON
-    from outside may nest as deep as its parser allowed)."""
+    from outside may nest as deep as its parser allowed; exact types first, for speed)."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, Mapping):
+        kind = type(item)
+        if kind is int or kind is bool or item is None:
+            continue
+        if kind is str:
+            if _bad_text(item):
+                return True
+        elif kind is float:
+            if not math.isfinite(item):
+                return True
+        elif kind is dict or isinstance(item, Mapping):
             for key, inner in item.items():
-                if _bad_scalar(key):
+                if type(key) is str and _bad_text(key):
                     return True
                 stack.append(inner)
-        elif isinstance(item, list | tuple):
+        elif kind is list or kind is tuple:
             stack.extend(item)
-        elif _bad_scalar(item):
-            return True
+        elif isinstance(item, str | float):  # a subclass of either, rarely
+            if _dirty(str(item) if isinstance(item, str) else float(item)):
+                return True
     return False
 
 

@@ -32,21 +32,20 @@ THROTTLE_BASE = 2.0
 THROTTLE_MAX = 60.0
 
 
-_STORED = ("output", "usage", "data")  # a result's parts the run stores
-
-
 def stored(outcome: Outcome) -> Outcome:
     """The outcome as it can be stored: every text and JSON value of a result or an error
     (its output, answer, structured data, usage, message) through ``storable.clean``, which
     counts what it replaced in what the run stores; the outcome itself when all was
     storable."""
     if isinstance(outcome, ExecutionResult):
-        kept = {name: storable.clean(getattr(outcome, name)) for name in _STORED}
-        with storable.counting():  # read for a follow-up's decision, not stored: not counted
-            kept["answer"] = storable.clean(outcome.answer)
-        if all(value is getattr(outcome, name) for name, value in kept.items()):
+        output, usage = storable.clean(outcome.output), storable.clean(outcome.usage)
+        data = storable.clean(outcome.data)
+        # read for a follow-up's decision, not stored: not counted
+        answer = storable.clean(outcome.answer, counted=False)
+        if (output is outcome.output and usage is outcome.usage and data is outcome.data
+                and answer is outcome.answer):  # fmt: skip
             return outcome
-        return dataclasses.replace(outcome, **kept)
+        return dataclasses.replace(outcome, output=output, usage=usage, answer=answer, data=data)
     if isinstance(outcome, ExecutorError):
         message, usage = storable.clean(outcome.message), storable.clean(outcome.usage)
         if message is outcome.message and usage is outcome.usage:

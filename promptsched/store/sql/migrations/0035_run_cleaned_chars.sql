@@ -5,4 +5,3 @@
 -- previous release never names it. Its lock is taken under a short lock_timeout.
 SET LOCAL lock_timeout = '5s';
 ALTER TABLE runs ADD COLUMN cleaned_chars integer;
-SET LOCAL lock_timeout = DEFAULT;
