@@ -200,7 +200,7 @@ owner                 default
 name                  holiday
 kind                  cron
 expression            15,45 * * * * *
-in words              at seconds 15 and 45 of every minute
+in words              at seconds 15 and 45 past each minute
 timezone              UTC
 prompt                hello
 provider              echo

@@ -27,7 +27,7 @@ def field(draw: st.DrawFn, low: int, high: int, *, star_steps: bool = True) -> s
     if form == "star":
         return "*"
     if form == "star_step":
-        return f"*/{draw(st.integers(1, high - low + 1))}"
+        return f"*/{draw(st.integers(1, high - low))}"
     if form == "value":
         return str(draw(value))
     # a < b: croniter reads a one-value range in day-of-week (`0-0`) as every day
@@ -35,7 +35,7 @@ def field(draw: st.DrawFn, low: int, high: int, *, star_steps: bool = True) -> s
     if form == "range":
         return f"{a}-{b}"
     if form == "step_range":
-        return f"{a}-{b}/{draw(st.integers(1, high - low + 1))}"
+        return f"{a}-{b}/{draw(st.integers(1, high - low))}"
     items = draw(st.lists(value, min_size=2, max_size=4, unique=True))
     return ",".join(str(v) for v in items)
 

@@ -25,6 +25,7 @@ _MACROS = {
     "@midnight": "every day at 00:00",
     "@hourly": "every hour, on the hour",
 }
+_LONGEST_LIST = 12  # values said one by one ("at minutes 0, 7, 14, ... and 56")
 _UNITS = {"w": "week", "d": "day", "h": "hour", "m": "minute", "s": "second"}
 
 
@@ -175,8 +176,8 @@ def _time(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
     numbers = [_NUMBER.match(f) is not None for f in (second, minute, hour)]
     if all(numbers):
         return f"at {_hhmm(hour, minute, second)}", True
-    if numbers[0] and numbers[1] and _is_list(hour) and second == "0":
-        hours = hour.split(",")
+    hours = None if _even_step(hour, 24) else _listed(hour, 24)
+    if numbers[0] and numbers[1] and hours is not None and second == "0":
         return "at " + _and([_hhmm(h, minute, second) for h in hours]), True
     return _frequent(second, minute, hour)
 
@@ -186,20 +187,22 @@ def _frequent(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
         return _seconds(second)
     if second != "0":
         return None
-    min_step, hour_step = _STEP.match(minute), _STEP.match(hour)
+    hour_step = _even_step(hour, 24)
     hours = _hour_range(hour)
-    if _is_list(minute) and hours is not None:
-        return f"at minutes {_and(_numbers(minute))} of every hour{hours}", False
-    if min_step and hours is not None:
-        return _plural(int(min_step.group(1)), "minute") + hours, False
-    if minute == "*" and hours is not None:
-        return "every minute" + hours, False
+    if hours is not None:
+        if _even_step(minute, 60):
+            return _plural(int(minute.split("/")[1]), "minute") + hours, False
+        minutes = _listed(minute, 60)
+        if minutes is not None:
+            return f"at minutes {_and(minutes)} past each hour{hours}", False
+        if minute == "*":
+            return "every minute" + hours, False
     if _NUMBER.match(minute):
         at = "on the hour" if minute == "0" else f"at minute {int(minute)}"
         if hour == "*":
             return f"every hour, {at}", False
         if hour_step:
-            return f"{_plural(int(hour_step.group(1)), 'hour')}, {at}", False
+            return f"{_plural(int(hour.split('/')[1]), 'hour')}, {at}", False
         if hours:
             return f"every hour{hours}, {at}", False
     return None
@@ -207,18 +210,35 @@ def _frequent(second: str, minute: str, hour: str) -> tuple[str, bool] | None:
 
 def _seconds(second: str) -> tuple[str, bool] | None:
     """Every minute and hour: the seconds field says it all."""
-    step = _STEP.match(second)
     if second == "*":
         return "every second", False
-    if step:
-        return _plural(int(step.group(1)), "second"), False
+    if _even_step(second, 60):
+        return _plural(int(second.split("/")[1]), "second"), False
     if second == "0":
         return "every minute", False
     if _NUMBER.match(second):
-        return f"at second {int(second)} of every minute", False
-    if _is_list(second):
-        return f"at seconds {_and(_numbers(second))} of every minute", False
+        return f"at second {int(second)} past each minute", False
+    seconds = _listed(second, 60)
+    if seconds is not None:
+        return f"at seconds {_and(seconds)} past each minute", False
     return None
+
+
+def _even_step(text: str, size: int) -> bool:
+    """`*/n` (or `0/n`) with n dividing the field's size, so the gap is n across its wrap too:
+    `*/15` minutes is every 15 minutes; `*/25` is not (:50 to :00 is 10 minutes)."""
+    step = _STEP.match(text)
+    return step is not None and size % int(step.group(1)) == 0
+
+
+def _listed(text: str, size: int) -> list[str] | None:
+    """The values of a short list, or of a step that does not divide the field's size (`*/25`
+    minutes: 0, 25 and 50) as numbers; None for anything else."""
+    step = _STEP.match(text)
+    if step is not None:
+        values = list(range(0, size, int(step.group(1))))
+        return [str(v) for v in values] if 1 < len(values) <= _LONGEST_LIST else None
+    return _numbers(text) if _is_list(text) else None
 
 
 def _hour_range(hour: str) -> str | None:
@@ -287,8 +307,8 @@ def _names(
         if len(ends) > 2:
             return None
         values = [names.get(e, int(e) if e.isdigit() else -1) for e in ends]
-        if any(not low <= v <= high for v in values):
-            return None
+        if any(not low <= v <= high for v in values) or (high == 7 and values == [0, 7]):
+            return None  # `0-7` is every day, not "Sunday through Sunday"
         words.append(" through ".join(label(v) for v in values))
     return _and(words)
 

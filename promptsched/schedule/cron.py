@@ -209,6 +209,24 @@ def compile_cron(text: str) -> Cron:
     return cron
 
 
+def check_steps(text: str) -> None:
+    """At save time: refuse a step larger than its field's range (`*/61` minutes would fire
+    once an hour while reading as every 61 minutes), as most cron validators do. Stored
+    expressions are not checked again, so one saved before this rule keeps firing."""
+    parts = expand_macro(text).split()
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    for (name, low, high, _), part in zip(_FIELDS, parts, strict=False):
+        for item in part.split(","):
+            _, slash, step = item.partition("/")
+            if slash and _is_number(step) and int(step) > high - low:
+                raise ValidationError(
+                    "expression",
+                    f"{name} field {part!r}: step {int(step)} is larger than the field's range "
+                    f"{low}-{high} allows (at most {high - low})",
+                )
+
+
 def expand_macro(text: str) -> str:
     stripped = text.strip()
     if not stripped.startswith("@"):

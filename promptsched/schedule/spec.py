@@ -196,6 +196,7 @@ def _instant(text: str, where: tzinfo, what: str) -> datetime:
 
 def _canonical_cron(expression: str, where: tzinfo) -> str:
     cron.compile_cron(expression)
+    cron.check_steps(expression)
     text = " ".join(expression.split())
     return _MACRO_ALIASES.get(text.lower(), text.lower()) if text.startswith("@") else text
 
