@@ -86,8 +86,11 @@ def _owner(what: str) -> str:
 
 
 @asynccontextmanager
-async def connect(service: Running, token: str, transport: str) -> AsyncIterator[Client]:
-    """The official SDK client: ``promptsched mcp`` as a child over stdio, or ``/mcp``."""
+async def connect(
+    service: Running, token: str, transport: str, mode: str = "auto"
+) -> AsyncIterator[Client]:
+    """The official SDK client: ``promptsched mcp`` as a child over stdio, or ``/mcp``;
+    ``auto`` negotiates the newest protocol, ``legacy`` the ``initialize`` handshake."""
     if transport == "http":
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
         async with (
@@ -101,7 +104,7 @@ async def connect(service: Running, token: str, transport: str) -> AsyncIterator
     command = StdioServerParameters(
         command=sys.executable, args=["-m", "promptsched", "mcp"], env=env, cwd=str(ROOT)
     )
-    async with Client(command, read_timeout_seconds=30) as client:
+    async with Client(command, read_timeout_seconds=30, mode=mode) as client:
         yield client
 
 
@@ -130,6 +133,8 @@ async def test_the_tools_are_listed_with_descriptions_and_json_schemas(
     async with connect(service, token, transport) as client:
         listed = (await client.list_tools()).tools
         templates = (await client.list_resource_templates()).resource_templates
+    async with connect(service, token, transport, mode="legacy") as client:  # initialize
+        assert [t.name for t in (await client.list_tools()).tools] == [t.name for t in listed]
     assert {tool.name for tool in listed} == TOOLS
     for tool in listed:
         assert tool.description and "Example" in tool.description, tool.name
@@ -176,6 +181,32 @@ async def test_a_created_schedule_fires_and_its_output_is_a_resource(
         assert run["id"] in {r["id"] for r in listed}
         offered = {str(r.uri) for r in (await client.list_resources()).resources}
         assert f"promptsched://runs/{run['id']}/output" in offered
+
+        # The other schedule tools, each through its API operation.
+        async def two() -> list[dict[str, Any]] | None:
+            page = await call(
+                client, "list_runs",
+                {"schedule_id": created["id"], "status": "succeeded", "limit": 2},
+            )  # fmt: skip
+            return page["items"] if len(page["items"]) == 2 else None
+
+        newer, older = await wait_until(two, timeout=15, interval=0.2, what="a second run")
+        diff = await call(client, "diff_runs", {"id": older["id"], "other": newer["id"]})
+        assert diff["kind"] == "text" and diff["changed"] is False
+        shown = await call(client, "show_schedule", {"id": created["id"]})
+        edited = await call(
+            client, "edit_schedule",
+            {"id": created["id"], "prompt": "tock", "version": shown["version"]},
+        )  # fmt: skip
+        assert edited["prompt"] == "tock" and edited["version"] == shown["version"] + 1
+        stale = await refused(
+            client, "edit_schedule",
+            {"id": created["id"], "prompt": "tack", "version": shown["version"]},
+        )  # fmt: skip
+        assert stale.startswith("Conflict (`version`)")
+        paused = await call(client, "pause_schedule", {"id": created["id"], "reason": "quiet"})
+        assert paused["enabled"] is False
+        assert (await call(client, "resume_schedule", {"id": created["id"]}))["enabled"] is True
         assert await call(client, "delete_schedule", {"id": created["id"]}) == {
             "deleted": True, "schedule_id": created["id"],
         }  # fmt: skip

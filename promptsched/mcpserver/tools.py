@@ -21,7 +21,7 @@ Shape = Callable[[Gateway, Mapping[str, Any], Answer], Awaitable[Any]]
 
 # Arguments worded for the tool rather than the route (the route's own wording otherwise).
 _SCHEDULE_ID = "the schedule's id, from create_schedule or list_schedules"
-_RUN_ID = "the run's id, from list_runs, trigger_schedule or show_schedule's runs"
+_RUN_ID = "the run's id, from list_runs or trigger_schedule"
 _ARGUMENTS: dict[str, dict[str, str]] = {
     "preview_schedule": {
         "expression": "a cron line ('0 9 * * 1-5'), a macro ('@daily'), an interval "
