@@ -279,6 +279,16 @@ class Metrics:
             fingerprint="its configuration fingerprint",
         )
 
+        self.build_info = self._gauge(
+            "build_info",
+            "1, labelled with this process's release: its version, the git commit it was built "
+            "from, and the schema version it was built for",
+            zero=False,
+            version="this process's version",
+            commit="the git commit it was built from (unknown when the build could not tell)",
+            schema="the schema version it was built for",
+        )
+
     def _delivery(self) -> None:
         self.deliveries = self._counter(
             "deliveries",

@@ -17,6 +17,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
+import promptsched
 from promptsched import eventloop, heap
 from promptsched.api import app as api_app
 from promptsched.clock import Clock
@@ -54,6 +55,9 @@ class Supervisor:
         self.dsn = dsn
         self.clock = clock or Clock()
         self.metrics = Metrics()
+        self.metrics.build_info.labels(
+            promptsched.__version__, promptsched.commit(), str(migrate.latest_version())
+        ).set(1)
         self.ready = False
         self.worker: WorkerPool | None = None
         self.api: api_app.ApiServer | None = None

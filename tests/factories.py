@@ -42,8 +42,13 @@ async def schedule(
     notify: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> int:
-    """A schedule row (named ``test`` unless ``name`` says otherwise: a row written here is
-    not registered in schedule_names, the ops layer's guard of unique names)."""
+    """A schedule row, named ``name``, else ``test`` (``test 2``, ``test 3``... when that is
+    taken: the database keeps names unique per owner, migration 0035)."""
+    if name is None:
+        taken = await pool.fetchval(
+            "SELECT count(*) FROM schedules WHERE owner = 'default' AND name ~ '^test( \\d+)?$'"
+        )
+        name = "test" if not taken else f"test {taken + 1}"
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
         "overlap_policy, enabled, next_fire_at, timezone, misfire_policy, output_schema, "
@@ -63,7 +68,7 @@ async def schedule(
         output_schema,
         notify_when,
         notify or {},
-        name or "test",
+        name,
     )
     return sid
 

@@ -185,8 +185,8 @@ async def test_the_database_unreachable_or_behind_is_broken(
         and "PROMPTSCHED_DATABASE_URL" in gone["database"]["fix"]
     )
     assert "pooler" not in gone  # nothing that reads the database runs without it
-    await pool.execute("DELETE FROM promptsched_migrations WHERE version = "
-                       "(SELECT max(version) FROM promptsched_migrations)")  # fmt: skip
+    await pool.execute("DELETE FROM promptsched_schema WHERE version = "
+                       "(SELECT max(version) FROM promptsched_schema)")  # fmt: skip
     behind = (await _doctor(dsn, {}))["database"]
     assert behind["status"] == "fail" and "promptsched migrate" in behind["message"]
 

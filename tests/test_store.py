@@ -57,9 +57,10 @@ async def test_migrations_are_idempotent_and_concurrent_safe(pg_server: Embedded
         async with anyio.create_task_group() as tg:
             for conn in conns:
                 tg.start_soon(apply, conn)
-        # Exactly one replica applied the migrations; the others found them applied.
+        # Each migration was applied by exactly one replica; the others found it applied.
         latest = migrate.latest_version()
-        assert sorted(len(r) for r in results) == [0, 0, latest]
+        applied = sorted(v for r in results for v in r)
+        assert applied == list(range(1, latest + 1))
         assert await migrate.apply(conns[0]) == []
         await migrate.check(conns[0])
         for conn in conns:
@@ -69,16 +70,32 @@ async def test_migrations_are_idempotent_and_concurrent_safe(pg_server: Embedded
         await admin.close()
 
 
-async def test_check_refuses_a_schema_behind_or_ahead(pool: asyncpg.Pool[Any]) -> None:
+async def _future(conn: Any, version: int, compat: int) -> None:
+    await conn.execute(
+        "INSERT INTO promptsched_schema (version, name, steps, steps_done, compat, release) "
+        "VALUES ($1, 'future', 1, 1, $2, '9.9.9')",
+        version, compat,
+    )  # fmt: skip
+
+
+async def test_check_refuses_a_schema_behind_or_beyond_its_window(
+    pool: asyncpg.Pool[Any],
+) -> None:
     async with pool.acquire() as conn:
         await migrate.check(conn)
         latest = migrate.latest_version()
-        await conn.execute(
-            "INSERT INTO promptsched_migrations (version, name) VALUES ($1, 'future')", latest + 1
-        )
-        with pytest.raises(SchemaMismatch, match="newer than this promptsched"):
+        # A newer release's additive migration: this one still runs on it.
+        await _future(conn, latest + 1, migrate.compat_of(migrate.all_migrations())[latest])
+        await migrate.check(conn)
+        assert await migrate.apply(conn) == []
+        # One that leaves this release behind: it refuses, in one line naming the fix.
+        await _future(conn, latest + 2, latest + 1)
+        with pytest.raises(SchemaMismatch, match="deploy a newer release") as refused:
             await migrate.check(conn)
-        await conn.execute("DELETE FROM promptsched_migrations WHERE version >= $1", latest)
+        assert "\n" not in str(refused.value)
+        with pytest.raises(SchemaMismatch, match="deploy a newer release"):
+            await migrate.apply(conn)
+        await conn.execute("DELETE FROM promptsched_schema WHERE version >= $1", latest)
         with pytest.raises(SchemaMismatch, match="promptsched migrate"):
             await migrate.check(conn)
 

@@ -13,6 +13,7 @@ from contextlib import nullcontext
 
 import asyncpg
 
+import promptsched
 from promptsched import config as configuration
 from promptsched import errors, logs
 from promptsched.cli import (
@@ -34,12 +35,22 @@ from promptsched.clock import Clock
 from promptsched.errors import PromptschedError, SchemaMismatch, ValidationError
 
 
+class _Version(argparse.Action):
+    """``promptsched --version``: the version and the commit it was built from (asked of git
+    only when wanted)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"promptsched {promptsched.release()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = common.Parser(
         prog="promptsched",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the release and exit")
     backend.add_remote_flags(parser)
     common.add_database_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -54,8 +54,21 @@ def _check_port(host: str, port: int) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
+    """Online: each migration in its own transaction(s), waiting at most ``--lock-timeout``
+    for a table's lock and trying again after a backoff (docs/deploying.md, "Upgrading")."""
+    if not 0 < args.lock_timeout <= 60:
+        raise ValidationError("--lock-timeout", "must be more than 0 and at most 60 seconds")
+
     async def main(conn: asyncpg.Connection[Any]) -> int:
-        applied = await migrate.apply(conn)
+        if args.plan:
+            indexes = await migrate.index_tables(conn)
+            for line in migrate.plan(await migrate.pending(conn), indexes):
+                print(line)
+            return 0
+        options = migrate.Options(
+            lock_timeout=args.lock_timeout, say=lambda line: print(line, flush=True)
+        )
+        applied = await migrate.apply(conn, options=options)
         print(f"applied migrations {applied}" if applied else "schema is up to date")
         return 0
 
@@ -122,7 +135,15 @@ def register(sub: Any) -> None:
     run = sub.add_parser("run", help="run the service (scheduler, workers, reaper, API)")
     _add_run_flags(run)
     run.set_defaults(func=cmd_run)
-    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    mig = sub.add_parser("migrate", help="apply database migrations (online; first, before a roll)")
+    mig.add_argument(
+        "--plan", action="store_true", help="list the pending migrations and the locks each takes"
+    )
+    mig.add_argument(
+        "--lock-timeout", type=float, default=migrate.LOCK_TIMEOUT, metavar="SECONDS",
+        help="how long a statement waits for a table's lock before backing off (default 1)",
+    )  # fmt: skip
+    mig.set_defaults(func=cmd_migrate)
 
 
 def register_preview(sub: Any) -> None:

@@ -465,6 +465,34 @@ BEGIN
     RETURN NULL;
 END
 $$;
+CREATE FUNCTION public.schedule_name_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cur record;
+    holder bigint;
+BEGIN
+    -- The row as it is now: a later statement of the transaction may have renamed it again.
+    SELECT s.owner, s.name, s.followup_key INTO cur FROM schedules s WHERE s.id = NEW.id;
+    IF NOT FOUND OR cur.followup_key IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    WITH released AS (
+        DELETE FROM schedule_names
+        WHERE schedule_id = NEW.id AND (owner, name) IS DISTINCT FROM (cur.owner, cur.name)
+    )
+    INSERT INTO schedule_names (owner, name, schedule_id)
+    VALUES (cur.owner, cur.name, NEW.id)
+    ON CONFLICT (owner, name) DO UPDATE SET schedule_id = schedule_names.schedule_id
+    RETURNING schedule_id INTO holder;
+    IF holder <> NEW.id THEN
+        RAISE EXCEPTION 'schedule % is already named % (names are unique per owner)',
+            holder, quote_literal(cur.name)
+            USING ERRCODE = 'unique_violation', CONSTRAINT = 'schedule_names_pkey';
+    END IF;
+    RETURN NULL;
+END
+$$;
 CREATE TABLE public.api_tokens (
     id bigint NOT NULL,
     owner text NOT NULL,
@@ -715,6 +743,15 @@ CREATE TABLE public.promptsched_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
+CREATE TABLE public.promptsched_schema (
+    version integer NOT NULL,
+    name text NOT NULL,
+    steps integer NOT NULL,
+    steps_done integer NOT NULL,
+    compat integer NOT NULL,
+    release text NOT NULL,
+    applied_at timestamp with time zone
+);
 CREATE TABLE public.provider_buckets (
     provider text NOT NULL,
     tokens double precision,
@@ -908,6 +945,8 @@ ALTER TABLE ONLY public.owner_budgets
     ADD CONSTRAINT owner_budgets_pkey PRIMARY KEY (owner);
 ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
+ALTER TABLE ONLY public.promptsched_schema
+    ADD CONSTRAINT promptsched_schema_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.provider_buckets
     ADD CONSTRAINT provider_buckets_pkey PRIMARY KEY (provider);
 ALTER TABLE ONLY public.provider_running
@@ -952,6 +991,7 @@ CREATE TRIGGER runs_count_delete AFTER DELETE ON public.runs FOR EACH ROW WHEN (
 CREATE TRIGGER runs_count_insert AFTER INSERT ON public.runs FOR EACH ROW WHEN ((new.status = 'running'::text)) EXECUTE FUNCTION public.runs_count_row();
 CREATE TRIGGER runs_count_truncate AFTER TRUNCATE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.runs_count_truncated();
 CREATE TRIGGER runs_count_update AFTER UPDATE ON public.runs REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION public.runs_count_changed();
+CREATE CONSTRAINT TRIGGER schedules_name_unique AFTER INSERT OR UPDATE OF owner, name, followup_key ON public.schedules DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((new.followup_key IS NULL)) EXECUTE FUNCTION public.schedule_name_guard();
 ALTER TABLE ONLY public.attempt_steps
     ADD CONSTRAINT attempt_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.console_sessions
