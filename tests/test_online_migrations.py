@@ -138,18 +138,18 @@ async def test_plan_lists_the_pending_migrations_and_their_locks(
         planned = run_cli("migrate", "--plan", dsn=dsn)
         assert planned.returncode == 0, planned.stderr
         lines = planned.stdout.splitlines()
-        assert lines[0] == (
-            f"{LEGACY + 1:04d}_schedule_names_guard (after it, releases from schema {LEGACY} "
-            "on still run)"
-        )
-        assert lines[1] == (
+        assert lines[0].startswith(f"{LEGACY + 1:04d}_")  # every pending one, in order
+        guard = next(i for i, line in enumerate(lines) if "_schedule_names_guard " in line)
+        assert lines[guard].endswith(f"(after it, releases from schema {LEGACY} on still run)")
+        assert lines[guard + 1] == (
             "  step 1, in a transaction: ROW EXCLUSIVE on schedule_changes, ROW EXCLUSIVE on "
             "schedule_names, SHARE ROW EXCLUSIVE on schedules"
         )
-        assert lines[2] == "    while it is held, writes to schedules wait (reads go on)"
+        assert lines[guard + 2] == "    while it is held, writes to schedules wait (reads go on)"
         applied = run_cli("migrate", dsn=dsn)
         assert applied.returncode == 0, applied.stderr
-        assert f"applied {LEGACY + 1:04d}_schedule_names_guard in " in applied.stdout
+        assert "_schedule_names_guard in " in applied.stdout
+        assert applied.stdout.count("applied 00") == migrate.latest_version() - LEGACY
         again = run_cli("migrate", "--plan", dsn=dsn)
         assert again.stdout.strip() == "schema is up to date: nothing to apply"
         bad = run_cli("migrate", "--lock-timeout", "0", dsn=dsn)
