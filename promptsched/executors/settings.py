@@ -100,6 +100,12 @@ def _env_prefix(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper().replace('-', '_')}_"
 
 
+def variable(provider: str, setting: str) -> str:
+    """The environment variable of one of a provider's settings, e.g.
+    ``PROMPTSCHED_PROVIDER_OPENAI_RATE`` for ``("openai", "rate")``."""
+    return _env_prefix(provider) + setting.upper()
+
+
 def _check_name(name: str, field_name: str) -> str:
     if not _NAME.fullmatch(name):
         raise ConfigError(

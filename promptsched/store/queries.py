@@ -540,6 +540,7 @@ class Trip:
 
     open_until: datetime | None  # None: closed
     opened: bool  # this failure opened it (or opened it again)
+    reason: str | None = None  # why it is open: "throttled", "5 failures in a row"
 
 
 async def provider_trip(
@@ -563,7 +564,7 @@ async def provider_trip(
         _Q["provider_trip"], now, provider, wait, threshold, base, cap, started, throttled,
         throttle_base, window,
     )  # fmt: skip
-    return None if row is None else Trip(row["open_until"], bool(row["opened"]))
+    return None if row is None else Trip(row["open_until"], bool(row["opened"]), row["reason"])
 
 
 async def provider_recover(

@@ -16,6 +16,7 @@ from promptsched import budgets, fallback, storable
 from promptsched.domain import AttemptStatus, ClaimedRun, RunStatus
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError
+from promptsched.executors import settings
 from promptsched.executors.base import ExecutionResult
 from promptsched.monitor import changes, conditions
 from promptsched.retry import RetryPolicy, decide
@@ -255,7 +256,7 @@ def _throttled(
             run.attempt_id,
             RunStatus.DEAD,
             AttemptStatus.FAILED,
-            error=gave_up(run, outcome),
+            error=gave_up(run, outcome, provider or run.schedule_provider),
             usage=usage,
             throttled=True,
             wait=timedelta(seconds=wait),
@@ -278,16 +279,17 @@ def _throttled(
     )
 
 
-def gave_up(run: ClaimedRun, outcome: ExecutorError) -> str:
-    """The dead run's error: who throttled it, for how long, and what to change."""
+def gave_up(run: ClaimedRun, outcome: ExecutorError, provider: str) -> str:
+    """The dead run's error: who throttled it, for how long, and what to change (the
+    variables of the provider that throttled it)."""
     give_up = format_duration(timedelta(seconds=round(run.give_up_seconds)))
     since = format_duration(timedelta(seconds=round(run.running_for)))
+    rate, most = settings.variable(provider, "rate"), settings.variable(provider, "max_concurrency")
     return (
         f"gave up: still throttled when give_up_after ({give_up}) ran out; "
         f"{run.throttles + 1} throttled attempt(s) over {since}, the last: {outcome.message}. "
-        "Raise the schedule's give_up_after, lower the provider's limits "
-        "(PROMPTSCHED_PROVIDER_<NAME>_RATE or _MAX_CONCURRENCY) so the fleet paces itself, "
-        "or name a fallback provider"
+        f"Raise the schedule's give_up_after, lower the provider's limits ({rate} or {most}) "
+        "so the fleet paces itself, or name a fallback provider"
     )
 
 

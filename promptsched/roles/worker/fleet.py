@@ -220,7 +220,7 @@ class Fleet:
         if trip is not None and trip.opened and trip.open_until is not None:
             self._set_breaker(provider, "open")
             self._child(self.metrics.provider_allowed_concurrency, provider).set(1)
-            log.warning("provider.cooling_down", provider=provider,
+            log.warning("provider.breaker_opened", provider=provider, reason=trip.reason,
                         until=trip.open_until.isoformat(), error=outcome.message)  # fmt: skip
 
     def _set_breaker(self, provider: str, state: str) -> None:

@@ -577,28 +577,32 @@ SELECT (SELECT count(*) FROM gone)::int + (SELECT count(*) FROM dropped)::int;
 -- concurrency at one (ramp). A throttled answer after a success also marks the window that
 -- ended with it for learning the provider's rate (learn_until; its length window_seconds: $3,
 -- else $10), which the breaker's probe reads when it succeeds (provider_recover,
--- 0030_provider_learned_rate.sql). Returns open_until, and whether this failure opened it.
+-- 0030_provider_learned_rate.sql). Returns open_until, the reason, and whether this failure
+-- opened it. The instant is read once ("at"): clock_timestamp() read twice differs, and an
+-- opening compared with a second reading would never be seen as this failure's.
+WITH at AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS t)
 INSERT INTO provider_buckets AS b (provider, failures, open_until, reason, opened_at, ramp,
                                    window_seconds, learn_until)
-VALUES ($2, 1,
-        CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp())
+SELECT $2, 1,
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN at.t
              + make_interval(secs => coalesce($3::float8, CASE WHEN $8::boolean THEN $9::float8 ELSE $5::float8 END)) END,
         CASE WHEN $8 THEN 'throttled' WHEN $4 <= 1 THEN '1 failures in a row' END,
-        CASE WHEN $8::boolean OR $4::int <= 1 THEN coalesce($1::timestamptz, clock_timestamp()) END,
+        CASE WHEN $8::boolean OR $4::int <= 1 THEN at.t END,
         CASE WHEN $8::boolean OR $4::int <= 1 THEN 1 END,
         CASE WHEN $8 THEN coalesce($3::float8, $10::float8) END,
-        CASE WHEN $8 THEN coalesce($1::timestamptz, clock_timestamp()) END)
+        CASE WHEN $8 THEN at.t END
+FROM at
 ON CONFLICT (provider) DO UPDATE
 SET failures = b.failures + 1,
     open_until = CASE
-        WHEN $8 THEN greatest(b.open_until, coalesce($1::timestamptz, clock_timestamp())
+        WHEN $8 THEN greatest(b.open_until, (SELECT t FROM at)
              + make_interval(secs => coalesce($3::float8, least($6::float8, $9::float8 * 2 ^ b.failures))))
         WHEN b.failures + 1 >= $4 THEN greatest(b.open_until,
-             coalesce($1::timestamptz, clock_timestamp())
+             (SELECT t FROM at)
              + make_interval(secs => least($6::float8, $5::float8 * 2 ^ (b.failures + 1 - $4))))
         ELSE b.open_until END,
     opened_at = CASE WHEN $8 OR b.failures + 1 >= $4
-                     THEN coalesce($1::timestamptz, clock_timestamp()) ELSE b.opened_at END,
+                     THEN (SELECT t FROM at) ELSE b.opened_at END,
     ramp = CASE WHEN $8 OR b.failures + 1 >= $4 THEN 1 ELSE b.ramp END,
     reason = CASE
         WHEN $8 THEN 'throttled'
@@ -608,9 +612,9 @@ SET failures = b.failures + 1,
     window_seconds = CASE WHEN $8 AND (b.failures = 0 OR b.learn_until IS NULL)
                           THEN coalesce($3::float8, $10::float8) ELSE b.window_seconds END,
     learn_until = CASE WHEN $8 AND (b.failures = 0 OR b.learn_until IS NULL)
-                       THEN coalesce($1::timestamptz, clock_timestamp()) ELSE b.learn_until END
+                       THEN (SELECT t FROM at) ELSE b.learn_until END
 WHERE b.opened_at IS NULL OR $7::timestamptz >= b.opened_at
-RETURNING open_until, opened_at = coalesce($1::timestamptz, clock_timestamp()) AS opened;
+RETURNING open_until, reason, opened_at = (SELECT t FROM at) AS opened;
 
 -- name: provider_recover
 -- A success of an attempt that started at $3, at $5: the failure count restarts; a half-open
