@@ -18,6 +18,8 @@ from promptsched.errors import ConfigError
 from promptsched.prices import Prices
 from promptsched.secret import Secret
 
+IPNetwork = netguard.IPNetwork
+
 ROLES = ("scheduler", "worker", "reaper", "notifier", "api")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SMTP_TLS = ("none", "starttls", "tls")
@@ -91,6 +93,14 @@ class ApiSettings:
     port: int = 8080
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
     retention: timedelta | None = timedelta(days=30)  # None: runs are kept forever
+    # the connections' bounds (api/protocol.py, docs/deploying.md#connections)
+    idle_timeout: timedelta = timedelta(seconds=75)
+    header_timeout: timedelta = timedelta(seconds=10)
+    body_timeout: timedelta = timedelta(seconds=60)
+    max_connections: int = 4096
+    # who may say a request came over https, and for whom (web/edge.py)
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    public_https: bool = False  # PROMPTSCHED_PUBLIC_URL is https
 
 
 # Set in the environment of `promptsched run` to make the notifier SIGKILL its own process
@@ -139,6 +149,16 @@ class Config:
     smtp_from: str = "promptsched@localhost"
     # The console's address as people reach it, for links in notifications (none: no links).
     public_url: str | None = None
+    # Proxies whose X-Forwarded-Proto and X-Forwarded-For are believed (addresses or CIDRs).
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    # The API's connections (docs/deploying.md#connections): an idle keep-alive connection
+    # closes after the first; a request's headers, then its body, must arrive within the next
+    # two; at most this many client connections are open at once (fewer when the open-files
+    # limit is low), the next is answered 503.
+    http_idle_timeout: timedelta = timedelta(seconds=75)
+    http_header_timeout: timedelta = timedelta(seconds=10)
+    http_body_timeout: timedelta = timedelta(seconds=60)
+    http_max_connections: int = 4096
     allow_private_webhooks: bool = False  # deprecated: adds netguard.LEGACY_PRIVATE below
     # address guard (docs/notifications.md, docs/agents.md): non-public hosts/CIDRs let through
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW
@@ -188,9 +208,21 @@ class Config:
         if self.event_loop == "uvloop" and not eventloop.uvloop_installed():
             raise ConfigError("PROMPTSCHED_EVENT_LOOP", "uvloop is not installed here")
         self._validate_notifier()
+        self._validate_http()
         if not timedelta(milliseconds=100) <= self.fleet_interval <= timedelta(minutes=5):
             raise ConfigError("PROMPTSCHED_FLEET_INTERVAL", "must be between 100ms and 5m")
         return self
+
+    def _validate_http(self) -> None:
+        for name, value in (
+            ("PROMPTSCHED_HTTP_IDLE_TIMEOUT", self.http_idle_timeout),
+            ("PROMPTSCHED_HTTP_HEADER_TIMEOUT", self.http_header_timeout),
+            ("PROMPTSCHED_HTTP_BODY_TIMEOUT", self.http_body_timeout),
+        ):
+            if not timedelta(milliseconds=100) <= value <= timedelta(hours=1):
+                raise ConfigError(name, "must be between 100ms and 1h")
+        if not 1 <= self.http_max_connections <= 1_000_000:
+            raise ConfigError("PROMPTSCHED_HTTP_MAX_CONNECTIONS", "must be between 1 and 1000000")
 
     def _validate_database(self) -> None:
         if not 0 <= self.statement_cache_size <= 100_000:
@@ -291,6 +323,12 @@ class Config:
             port=self.http_port,
             webhook_allow=self.webhook_allow,
             retention=self.retention if self.retention > timedelta(0) else None,
+            idle_timeout=self.http_idle_timeout,
+            header_timeout=self.http_header_timeout,
+            body_timeout=self.http_body_timeout,
+            max_connections=self.http_max_connections,
+            trusted_proxies=self.trusted_proxies,
+            public_https=(self.public_url or "").lower().startswith("https://"),
         )
 
     def resolved_log_format(self) -> str:
@@ -354,6 +392,20 @@ def _allowlist(variable: str) -> Any:
     return parse
 
 
+def _proxies(name: str, text: str) -> tuple[IPNetwork, ...]:
+    try:
+        listed = netguard.Allowlist.parse(text, variable="PROMPTSCHED_TRUSTED_PROXIES")
+    except ValueError as exc:
+        raise ConfigError(name, f"{exc}; expected comma-separated addresses or CIDRs") from None
+    if listed.hosts:
+        raise ConfigError(
+            name,
+            f"{sorted(listed.hosts)[0]!r} is a host name: list the proxies' addresses or CIDRs "
+            "(a request's peer is an address)",
+        )
+    return listed.networks
+
+
 def _toml_text(value: Any) -> str:
     """A TOML value as the text its variable would hold (a list becomes comma-separated)."""
     return ",".join(str(item) for item in value) if isinstance(value, list) else str(value)
@@ -390,6 +442,11 @@ _PARSERS: dict[str, Any] = {
     "smtp_tls": lambda name, text: text.lower(),
     "smtp_from": _str,
     "public_url": _str,
+    "trusted_proxies": _proxies,
+    "http_idle_timeout": _duration,
+    "http_header_timeout": _duration,
+    "http_body_timeout": _duration,
+    "http_max_connections": _int,
     "allow_private_webhooks": _bool,
     "webhook_allow": _allowlist(netguard.WEBHOOK_ALLOW),
     "tools_allow": _allowlist(netguard.TOOLS_ALLOW),

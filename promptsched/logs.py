@@ -19,6 +19,10 @@ _LEVELS = {
 }
 
 
+# The lowest level a library's line is written at (asyncpg, aiohttp, markdown-it, mcp, httpx...).
+LIBRARY_FLOOR = logging.INFO
+
+
 # A bearer token, or anything shaped like one of ours, wherever it appears in a line (a
 # library's message or traceback quoting a request): the last step before a line is written.
 _SECRET = re.compile(r"(?i)(bearer\s+|pst_)[A-Za-z0-9._~+/=-]+")
@@ -88,9 +92,15 @@ def configure(level: str = "info", fmt: str = "json") -> None:
             ],
         )
     )
+    # Only libraries log through the standard library (promptsched's own lines are structlog's),
+    # and never at debug, whatever our level: markdown-it's internals alone are hundreds of
+    # thousands of lines for a few large outputs. The handler's own level also holds back a
+    # library that sets its logger to debug itself.
+    libraries = max(_LEVELS[level], LIBRARY_FLOOR)
+    handler.setLevel(libraries)
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel(_LEVELS[level])
+    root.setLevel(libraries)
 
 
 @contextmanager

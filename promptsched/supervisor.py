@@ -3,6 +3,7 @@ group, and turns SIGTERM into a two-phase stop (drain, then cancel)."""
 
 from __future__ import annotations
 
+import resource
 import secrets
 import signal
 import socket
@@ -20,6 +21,7 @@ from anyio.abc import TaskGroup
 import promptsched
 from promptsched import eventloop, heap
 from promptsched.api import app as api_app
+from promptsched.api import protocol
 from promptsched.clock import Clock
 from promptsched.config import Config
 from promptsched.console import routes as console
@@ -44,9 +46,28 @@ from promptsched.store import listen, migrate, queries
 from promptsched.store import pool as pools
 from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
+from promptsched.web.edge import Edge
 from promptsched.web.progress import ProgressHub
 
 log = structlog.get_logger("supervisor")
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft open-files limit to its hard limit (systemd's default soft
+    limit, 1,024, is what idle connections would otherwise exhaust) and log both; returns the
+    limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.info("supervisor.open_files", limit=soft, hard=hard, raised_from=None)
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # a kernel cap below the hard limit (macOS)
+        log.warning("supervisor.open_files", limit=soft, hard=hard, error=str(exc))
+        return soft
+    log.info("supervisor.open_files", limit=target, hard=hard, raised_from=soft)
+    return target
 
 
 class Supervisor:
@@ -65,6 +86,7 @@ class Supervisor:
         self.provider_kinds: dict[str, str] = {}
         self.provider_settings: dict[str, ProviderSettings] = {}
         self.progress = ProgressHub()
+        self.open_files: int | None = None
         # Unique to this process's lifetime: its row in `replicas`, and the prefix of every
         # duty it holds in `leaders`, so `status` can say who leads what.
         self.worker_id = config.worker_id or default_worker_id()  # once: the default is random
@@ -82,6 +104,7 @@ class Supervisor:
                 "agent tools); list what webhooks may reach in PROMPTSCHED_WEBHOOK_ALLOW instead",
                 webhook_allow=str(config.webhook_allow),
             )
+        self.open_files = raise_open_files()
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_settings = settings
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}
@@ -215,8 +238,17 @@ class Supervisor:
                 doctor=lambda: doctor.run(self.config, self.dsn, self.published()),
                 # the operator console (pages under / outside /v1) and MCP at /mcp
                 mounts=(console.mount, mcp_http.mount),
+                edge=Edge(serving.trusted_proxies, serving.public_https),
             )
-            self.api = api_app.ApiServer(app, serving.host, serving.port)
+            limits = protocol.Limits(
+                idle=serving.idle_timeout.total_seconds(),
+                headers=serving.header_timeout.total_seconds(),
+                body=serving.body_timeout.total_seconds(),
+                max_connections=serving.max_connections,
+            )
+            self.api = api_app.ApiServer(
+                app, serving.host, serving.port, limits=limits, open_files=self.open_files
+            )
             await tg.start(self.api.run)
             # The address it really bound, for `promptsched healthcheck` (the image's check).
             self.announcement = announcement.announce(

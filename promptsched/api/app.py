@@ -45,6 +45,7 @@ from promptsched.metrics import Metrics
 from promptsched.ops import fleet as fleet_ops
 from promptsched.ops import lookups, validate
 from promptsched.tools.base import Catalog
+from promptsched.web import edge as edges
 from promptsched.web.deps import DEPS, Deps
 from promptsched.web.progress import ProgressHub
 
@@ -113,6 +114,8 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
         code = _HTTP_CODES.get(exc.status, "http_error")
         message = _TOO_LARGE if exc.status == 413 else exc.reason
         return _error(exc.status, code, message, request_id, headers=headers)
+    if isinstance(exc, protocol.RequestTimeout):  # the body came too slowly (protocol.Limits)
+        return _error(408, "request_timeout", exc.message, request_id)
     if isinstance(exc, HttpProcessingError | web.RequestPayloadError):
         # The body's framing broke while it was read (bad chunking, a short body, bad gzip):
         # the client's fault, described without quoting it.
@@ -197,11 +200,13 @@ def build(
     published: Callable[[], Mapping[str, Any]] | None = None,
     doctor: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     mounts: Sequence[Callable[[web.Application], None]] = (),
+    edge: edges.Edge | None = None,
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
     ``progress`` is the hub the process's listener feeds (run event streams read it);
     ``mounts`` add routes outside the API's paths after the API's own (the composition root
-    mounts the operator console this way, so the API never imports it)."""
+    mounts the operator console this way, so the API never imports it); ``edge`` says which
+    proxies are trusted and whether the public URL is https (every response's headers)."""
     ops = OPERATIONS
     kinds = {name: (provider_kinds or {}).get(name, "echo") for name in providers}
     if published is None:  # no replica behind it: its own providers and allowlist
@@ -224,6 +229,8 @@ def build(
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps
+    app[edges.EDGE] = edge or edges.Edge()
+    app.on_response_prepare.append(edges.headers)
     for op in ops:
         app.router.add_route(op.method, op.path, endpoint(op, deps))
     for mount in mounts:
@@ -249,16 +256,33 @@ def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
 
 
 class ApiServer:
-    """Serves the app on host:port (port 0 picks a free one and logs it)."""
+    """Serves the app on host:port (port 0 picks a free one and logs it), its connections
+    bounded by ``limits`` (the cap lowered to half of ``open_files``, the process's limit)."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        limits: protocol.Limits | None = None,
+        open_files: int | None = None,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
+        self.limits = limits or protocol.Limits()
+        self.open_files = open_files
         self.bound_port: int | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        runner = protocol.Runner(self.app, handle_signals=False, **RUNNER_OPTIONS)
+        runner = protocol.Runner(
+            self.app,
+            handle_signals=False,
+            limits=self.limits,
+            open_files=self.open_files,
+            **RUNNER_OPTIONS,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
@@ -275,6 +299,10 @@ class ApiServer:
                 host=self.host,
                 port=self.bound_port,
                 url=f"http://{self.host}:{self.bound_port}",
+                max_connections=runner.cap,
+                idle_timeout=self.limits.idle,
+                header_timeout=self.limits.headers,
+                body_timeout=self.limits.body,
             )
             task_status.started()
             await anyio.sleep_forever()

@@ -1,14 +1,22 @@
 """The HTTP server's connections: a request aiohttp's parser rejects (a header or the request
 line too long, a malformed header, bad framing) is answered with the API's JSON error body and
-logged without any of its bytes, which may hold a bearer token or a session cookie."""
+logged without any of its bytes, which may hold a bearer token or a session cookie. Every
+connection is bounded (``Limits``): an idle keep-alive connection closes, a request whose
+headers or body do not arrive in time is answered 408 and closed, and past the cap of open
+connections a new one is answered 503 at once (past the cap's overflow, closed unanswered), so
+slow or idle clients never use up the process's file descriptors."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiohttp import web, web_request
+from aiohttp import streams, web, web_request
 from aiohttp.http_exceptions import (
     BadHttpMethod,
     BadStatusLine,
@@ -19,6 +27,8 @@ from aiohttp.http_exceptions import (
     LineTooLong,
     TransferEncodingError,
 )
+
+from promptsched.web import edge
 
 log = structlog.get_logger("api")
 
@@ -45,8 +55,16 @@ _FIXED: tuple[tuple[type[HttpProcessingError], str], ...] = (
 )
 
 
+class RequestTimeout(HttpProcessingError):
+    """A request's body did not arrive within ``Limits.body`` (set on the body being read)."""
+
+    code = 408
+
+
 def describe(exc: BaseException | None) -> tuple[int, str, str]:
     """``(status, code, message)`` for a request the HTTP parser rejected; never its content."""
+    if isinstance(exc, RequestTimeout):
+        return 408, "request_timeout", exc.message
     if isinstance(exc, LineTooLong):
         limit = exc.args[1] if len(exc.args) > 1 else None
         if limit == MAX_LINE:
@@ -69,17 +87,173 @@ def describe(exc: BaseException | None) -> tuple[int, str, str]:
     return 400, "bad_request", "the request is not valid HTTP/1.1 (a header is malformed)"
 
 
-def error_response(status: int, code: str, message: str) -> web.Response:
-    """The API's error body, on a connection that is closed after it."""
+def _error_body(code: str, message: str) -> dict[str, Any]:
     body = {"code": code, "message": message, "field": None, "request_id": uuid.uuid4().hex}
-    response = web.json_response({"error": body}, status=status)
+    return {"error": body}
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """The API's error body, on a connection that is closed after it (no application is
+    behind it, so the edge's headers are set here)."""
+    response = web.json_response(_error_body(code, message), status=status, headers=headers)
+    response.headers["Server"] = edge.SERVER
+    response.headers.setdefault(*edge.NOSNIFF)
     response.force_close()
     return response
 
 
+def _raw_error(status: str, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response, for a connection with no request to answer through."""
+    body = json.dumps(_error_body(code, message)).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: {edge.SERVER}\r\n"
+        f"{edge.NOSNIFF[0]}: {edge.NOSNIFF[1]}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How long a connection may idle between requests, how long a request's headers (from its
+    first byte) and then its body may take to arrive, and how many client connections may be
+    open at once (``cap``). Defaults: docs/deploying.md#connections."""
+
+    idle: float = 75.0
+    headers: float = 10.0
+    body: float = 60.0
+    max_connections: int = 4096
+
+    def cap(self, open_files: int | None) -> int:
+        """The connections served at once: ``max_connections``, but no more than half the
+        open-files limit, which leaves the other half for the database pool, the providers,
+        the mail server, the MCP servers and the over-cap answers."""
+        if open_files is None or open_files <= 0:
+            return self.max_connections
+        return max(1, min(self.max_connections, open_files // 2))
+
+
+# A connection over the cap has this long to send its request before it is closed; it is
+# answered 503 at once. Past the overflow (an eighth of the cap, at least 16 at a time) a new
+# connection is closed without an answer.
+OVER_CAP_GRACE = 1.0
+BUSY = "the server has as many connections open as it serves; try again in a moment"
+FULL_LOG_EVERY = 60.0  # seconds between two api.connections_full warnings
+
+_SERVED, _OVER, _REFUSED = "served", "over", "refused"
+
+
+async def _busy(request: web.BaseRequest) -> web.StreamResponse:
+    return error_response(503, "busy", BUSY, headers={"Retry-After": "1"})
+
+
 class Protocol(web.RequestHandler):
-    """aiohttp's connection handler, with its error page replaced (see the module docstring).
-    Errors a handler raises never get here: the app's middleware answers them."""
+    """aiohttp's connection handler, with its error page replaced and its connection bounded
+    (see the module docstring). Errors a handler raises never get here: the app's middleware
+    answers them."""
+
+    __slots__ = ("_body", "_deadline", "_place")
+
+    def __init__(self, manager: Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._body: streams.StreamReader | None = None  # a body arriving under its deadline
+        self._place = _SERVED
+
+    @property
+    def _server(self) -> Server:
+        assert isinstance(self._manager, Server)
+        return self._manager
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._server
+        self._place = server.admit()
+        if self._place == _REFUSED:
+            transport.close()
+            return
+        super().connection_made(transport)
+        if self._place == _OVER:
+            self.keep_alive(False)
+            self._arm(OVER_CAP_GRACE, self._headers_late)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._place == _REFUSED:
+            return  # never admitted: nothing of it is registered
+        self._disarm()
+        self._body = None
+        if self._manager is not None:
+            self._server.release(self._place)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._place == _REFUSED:
+            return
+        if data and self._deadline is None and self._body is None:
+            self._arm(self._server.limits.headers, self._headers_late)  # a request begins
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:  # its headers are complete
+            self._disarm()
+            payload = self._messages[-1][1] if self._messages else None
+            if payload is not None and not payload.is_eof():
+                self._body = payload
+                self._arm(self._server.limits.body, self._body_late)
+        elif self._body is not None and self._body.is_eof():
+            self._body = None
+            self._disarm()
+
+    async def _handle_request(self, request: Any, start_time: Any, request_handler: Any) -> Any:
+        handler = _busy if self._place == _OVER else request_handler
+        return await super()._handle_request(request, start_time, handler)
+
+    def _arm(self, seconds: float, then: Any) -> None:
+        self._disarm()
+        self._deadline = self._loop.call_later(seconds, then)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        """The request's headers did not all arrive in time: 408, and the connection ends."""
+        self._deadline = None
+        if self.transport is None:
+            return
+        log.debug("api.request_timeout", phase="headers", place=self._place)
+        if self._request_in_progress:  # a pipelined request behind one being answered
+            self.close()
+            return
+        if self._place == _OVER:
+            self.transport.write(_raw_error("503 Service Unavailable", "busy", BUSY))
+        else:
+            late = f"the request's headers did not arrive within {self._server.limits.headers:g}s"
+            self.transport.write(_raw_error("408 Request Timeout", "request_timeout", late))
+        self.force_close()
+
+    def _body_late(self) -> None:
+        """The body did not arrive in time: a handler reading it gets ``RequestTimeout`` (the
+        middleware answers 408) and the connection closes after the answer."""
+        self._deadline = None
+        body, self._body = self._body, None
+        if body is None or body.is_eof() or self.transport is None:
+            return
+        late = RequestTimeout(
+            message=f"the request's body did not arrive within {self._server.limits.body:g}s"
+        )
+        log.debug("api.request_timeout", phase="body", place=self._place)
+        if any(queued is body for _, queued in self._messages):  # its handler has not started
+            body.set_exception(late)
+            self.force_close()
+        elif self._request_in_progress:
+            self._lingering_time = 0.0  # nothing more is read after the answer
+            self.close()
+            body.set_exception(late)
+        else:  # the answer is sent and the rest was being read and dropped
+            body.feed_eof()
+            self.force_close()
 
     def handle_error(
         self,
@@ -108,17 +282,68 @@ class Protocol(web.RequestHandler):
 
 
 class Server(web.Server):
-    """The connection factory: every connection gets a ``Protocol``."""
+    """The connection factory: every connection gets a ``Protocol``; counts the connections
+    open within the cap and over it."""
+
+    limits: Limits
+    cap: int
+    overflow: int
+    served: int
+    over: int
+    _full_logged: float
+
+    def setup(self, limits: Limits, cap: int) -> None:
+        self.limits, self.cap, self.overflow = limits, cap, max(16, cap // 8)
+        self.served = self.over = 0
+        self._full_logged = -FULL_LOG_EVERY
 
     def __call__(self) -> web.RequestHandler:
         return Protocol(self, loop=self._loop, **self._kwargs)
 
+    def admit(self) -> str:
+        if self.served < self.cap:
+            self.served += 1
+            return _SERVED
+        now = time.monotonic()
+        if now - self._full_logged >= FULL_LOG_EVERY:
+            self._full_logged = now
+            log.warning("api.connections_full", cap=self.cap, over=self.over)
+        if self.over < self.overflow:
+            self.over += 1
+            return _OVER
+        return _REFUSED
+
+    def release(self, place: str) -> None:
+        if place == _SERVED:
+            self.served -= 1
+        elif place == _OVER:
+            self.over -= 1
+
 
 class Runner(web.AppRunner):
     """``web.AppRunner`` serving through ``Server``: the app's lifecycle (startup, cleanup)
-    is AppRunner's own; only the connection class differs."""
+    is AppRunner's own; the connection class and its limits differ. ``open_files`` is the
+    process's open-files limit, which lowers the cap when it is small."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: Limits | None = None,
+        open_files: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._limits = limits or Limits()
+        self._cap = self._limits.cap(open_files)
+        super().__init__(app, keepalive_timeout=self._limits.idle, **kwargs)
+
+    @property
+    def cap(self) -> int:
+        return self._cap
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = Server  # adds behaviour only: no state of its own
+        server.__class__ = Server
+        assert isinstance(server, Server)
+        server.setup(self._limits, self._cap)
         return server

@@ -10,6 +10,7 @@ from importlib import resources
 import asyncpg
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from promptsched import errors
 from promptsched.console import (
@@ -27,7 +28,7 @@ from promptsched.console.context import Ctx, Forbidden, NotFoundPage
 from promptsched.errors import ValidationError
 from promptsched.ops import lookups
 from promptsched.ops import schedules as schedule_ops
-from promptsched.web import auth
+from promptsched.web import auth, logins
 from promptsched.web.deps import DEPS
 
 log = structlog.get_logger("console")
@@ -48,6 +49,8 @@ SECURITY_HEADERS = {
 # Paths the API owns; everything else under / is the console's.
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+# What the API's error middleware answers for a console request too (a 4xx, never a page).
+_ANSWERED_BY_API = (web.HTTPException, HttpProcessingError, web.RequestPayloadError)
 _UNAVAILABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
 
 
@@ -104,8 +107,10 @@ def _page(handler: PageHandler, *, post: bool = False) -> RawHandler:
 
         try:  # the request again if a schema change made a prepared statement stale
             return await lookups.retry_stale(attempt)
-        except web.HTTPException:
-            raise  # aiohttp's own (413 for a huge form): the API's error middleware answers
+        except _ANSWERED_BY_API:
+            # aiohttp's own (413 for a huge form), a broken or late body: the API's error
+            # middleware answers
+            raise
         except Exception as exc:
             return _failure(exc, made[0] if made else None, request)
 
@@ -118,7 +123,7 @@ def _public(handler: RawHandler) -> RawHandler:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             return await lookups.retry_stale(lambda: handler(request))
-        except web.HTTPException:
+        except _ANSWERED_BY_API:
             raise
         except Exception as exc:
             return _failure(exc, None, request)
@@ -187,3 +192,4 @@ def mount(app: web.Application) -> None:
     for method, path, handler, name in ROUTES:
         app.router.add_route(method, path, handler, name=name)
     app.on_response_prepare.append(_security_headers)
+    app[logins.LOGINS] = logins.LoginBackoff()  # failed logins, per client, in this process

@@ -1,7 +1,9 @@
 """Console sessions: logging in with an API token starts a session (``auth.start_session``)
 whose own secret goes in an HttpOnly, SameSite=Strict cookie, never the token itself; each page
 checks it (a revoked token ends its sessions too); logging out ends the session, its cookie
-and its open event streams. CSRF tokens (an HMAC of the session secret, or a double-submit
+and its open event streams. Both cookies are ``Secure`` whenever the browser reached us over
+https (``edge.is_https``), and failed logins slow their client down (``web/logins.py``). CSRF
+tokens (an HMAC of the session secret, or a double-submit
 cookie on the login form); the login and logout pages."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from aiohttp import web
 from promptsched.console import context, layout
 from promptsched.console.context import Ctx, Forbidden
 from promptsched.console.html import Template
-from promptsched.web import auth
+from promptsched.web import auth, edge, logins
 from promptsched.web.deps import DEPS
 
 SESSION_COOKIE = "promptsched_session"
@@ -31,6 +33,7 @@ $error<label for="token">API token</label>
 <div class="actions"><button type="submit" class="button primary">Log in</button></div>
 </form>""")
 _ERROR = Template('<p class="flash error" role="alert">$message</p>\n')
+_WAIT = "Too many failed logins from your address: try again in {seconds} s."
 
 
 def session_token(request: web.Request) -> str | None:
@@ -53,12 +56,14 @@ def check_csrf(token: str, submitted: object) -> None:
 
 def _cookie(response: web.StreamResponse, request: web.Request, name: str, value: str) -> None:
     response.set_cookie(
-        name, value, path="/", httponly=True, samesite="Strict", secure=request.secure
+        name, value, path="/", httponly=True, samesite="Strict", secure=edge.is_https(request)
     )
 
 
 def _clear(response: web.StreamResponse, request: web.Request, name: str) -> None:
-    response.del_cookie(name, path="/", httponly=True, samesite="Strict", secure=request.secure)
+    response.del_cookie(
+        name, path="/", httponly=True, samesite="Strict", secure=edge.is_https(request)
+    )
 
 
 async def login_form(request: web.Request) -> web.StreamResponse:
@@ -84,13 +89,21 @@ async def login(request: web.Request) -> web.StreamResponse:
         raise Forbidden()
     if not hmac.compare_digest(submitted.encode(), expected.encode()):
         raise Forbidden()
+    backoff, client = request.app[logins.LOGINS], edge.client(request)
+    wait = backoff.retry_after(client)
+    if wait:  # the token is not even looked at until the wait is over
+        refused = _login_page(request, _WAIT.format(seconds=wait), 429)
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
     deps = request.app[DEPS]
     who = await auth.authenticate_token(token, deps.pool, deps.clock)
     secret = await auth.start_session(deps.pool, who, deps.clock) if who is not None else None
     if secret is None:
+        backoff.failed(client)
         return _login_page(request, "That token is unknown, revoked or mistyped.", 401)
+    backoff.succeeded(client)
     response = context.redirect("/")
     _cookie(response, request, SESSION_COOKIE, secret)
     _clear(response, request, LOGIN_COOKIE)
