@@ -284,7 +284,7 @@ class ApiServer:
             **RUNNER_OPTIONS,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site = web.TCPSite(runner, self.host, self.port, backlog=protocol.BACKLOG)
         try:
             try:
                 await site.start()

@@ -135,6 +135,11 @@ class Limits:
         return max(1, min(self.max_connections, open_files // 2))
 
 
+# The listening socket's queue of connections not yet accepted (the kernel caps it at
+# net.core.somaxconn): aiohttp's 128 drops a burst's handshakes whenever the loop is busy for a
+# moment, and each dropped one waits a second for the client's retry.
+BACKLOG = 1024
+
 # A connection over the cap has this long to send its request before it is closed; it is
 # answered 503 at once. Past the overflow (an eighth of the cap, at least 16 at a time) a new
 # connection is closed without an answer.
