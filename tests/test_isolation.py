@@ -32,6 +32,8 @@ from promptsched.roles.worker.finalizer import Finalizer, Outcome, Refused
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
 from tests import factories
+from tests.api_support import Api
+from tests.console_support import console
 from tests.fakes.http_sink import HttpSink, Reply
 from tests.fakes.openai_server import Behaviour, FakeOpenAI, RecordedRequest, raw, start_fake_openai
 from tests.helpers import Service, run_cli, wait_until
@@ -346,3 +348,23 @@ def test_a_providers_reply_is_read_storable_where_it_enters() -> None:
         assert http_client.HttpReply(200, {}, b"a\xffb", None).text() == "a\ufffdb"
         assert http_client.body_excerpt(b"oops \x00 \xfe") == "oops \ufffd \ufffd"
     assert tally.count == 6
+
+
+async def test_the_count_is_shown_where_a_run_is_shown(
+    api: Api, alice: dict[str, str], pool: asyncpg.Pool[Any]
+) -> None:
+    made = await api.post(
+        "/v1/schedules", alice, json={"name": "n", "cron": "0 9 * * *", "prompt": "p"}
+    )
+    trigger = await api.post(f"/v1/schedules/{made.body['id']}/trigger", alice)
+    run_id = trigger.body["id"]
+    await factories.worker_pool(pool, Clock()).run_once()
+    assert (await api.get(f"/v1/runs/{run_id}", alice)).body["cleaned_chars"] is None
+    # What the worker writes for an answer it had to clean (the service's test above).
+    await pool.execute("UPDATE runs SET cleaned_chars = 3 WHERE id = $1", run_id)
+    assert (await api.get(f"/v1/runs/{run_id}", alice)).body["cleaned_chars"] == 3
+    async with console(pool) as ui:
+        await ui.login_as("alice")
+        page = await ui.get(f"/runs/{run_id}")
+    assert page.status == 200
+    assert "3 characters could not be stored as sent" in page.text
