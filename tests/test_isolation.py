@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +368,14 @@ async def test_the_count_is_shown_where_a_run_is_shown(
         page = await ui.get(f"/runs/{run_id}")
     assert page.status == 200
     assert "3 characters could not be stored as sent" in page.text
+
+
+def test_a_retry_after_no_run_could_wait_for_is_read_as_a_day() -> None:
+    # A header is the provider's to write: 10^20 seconds, or a date 8,000 years away, would
+    # overflow the attempt's own arithmetic (a crash, then an attempt more) or its row.
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    for header in ("100000000000000000000", "Fri, 31 Dec 9999 23:59:59 GMT"):
+        error = http_client.classify_status(429, {"Retry-After": header}, "", provider="p")
+        assert error.retry_after == http_client.MAX_RETRY_AFTER == 86_400
+        assert "(retry after 1d)" in error.message
+    assert http_client.parse_retry_after("120", now) == 120

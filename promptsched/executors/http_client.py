@@ -43,6 +43,7 @@ Session = aiohttp.ClientSession | http_pool.LazySession
 
 EXCERPT_CHARS = 300
 MAX_RESPONSE_BYTES = 10 * 1024 * 1024
+MAX_RETRY_AFTER = 86_400.0  # a day: the longest wait a provider's Retry-After is taken for
 _RETRYABLE_4XX = frozenset({408, 429})
 _SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _HINTS = {
@@ -59,12 +60,14 @@ def seconds_text(seconds: float) -> str:
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delay-seconds or an HTTP-date), relative
-    to ``now`` (aware). ``None`` when absent or unreadable; a date in the past gives 0."""
+    to ``now`` (aware). ``None`` when absent or unreadable; a date in the past gives 0; at most
+    MAX_RETRY_AFTER (a header is the provider's to write: no wait it asks for may be more than
+    a run can be stored waiting for)."""
     if value is None or not value.strip():
         return None
     text = value.strip()
     if _SECONDS.fullmatch(text):
-        return float(text)
+        return min(float(text), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
@@ -73,7 +76,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         when = when.replace(tzinfo=UTC)
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    return max(0.0, (when - now).total_seconds())
+    return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER)
 
 
 def _reference_now(headers: Mapping[str, str], now: datetime | None) -> datetime:
