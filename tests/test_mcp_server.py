@@ -159,7 +159,7 @@ async def test_a_created_schedule_fires_and_its_output_is_a_resource(
     service: Running, transport: str
 ) -> None:
     token, _ = await _token(service.dsn, _owner("firer"))
-    prompt = f"tick {uuid.uuid4().hex[:6]}"
+    prompt = f"tick {uuid.uuid4().hex[:6]} " + "long " * 600  # an output past the cut
     async with connect(service, token, transport) as client:
         created = await call(
             client, "create_schedule", {"name": "every second", "every": "1s", "prompt": prompt}
@@ -174,6 +174,11 @@ async def test_a_created_schedule_fires_and_its_output_is_a_resource(
 
         run = await wait_until(succeeded, timeout=15, interval=0.2, what="a fired run")
         assert run["origin"] == "cadence"  # fired by the scheduler, not triggered
+        # A listed output is cut for the context; the resource (and show_run) has it whole.
+        assert run["output"].startswith(f"echo: {prompt[:100]}")
+        assert run["output"].endswith(f"promptsched://runs/{run['id']}/output]")
+        assert len(run["output"]) < len(prompt)
+        assert (await call(client, "show_run", {"id": run["id"]}))["output"] == f"echo: {prompt}"
         output = await client.read_resource(f"promptsched://runs/{run['id']}/output")
         assert [c.text for c in output.contents] == [f"echo: {prompt}"]  # type: ignore[union-attr]
         recent = await client.read_resource(f"promptsched://schedules/{created['id']}/runs")
@@ -350,7 +355,9 @@ async def test_a_revoked_token_is_refused_on_the_next_call(
                     f"{service.url}/mcp", headers={"Authorization": f"Bearer {token}"},
                     json={"jsonrpc": "2.0", "id": 7, "method": "tools/list"},
                 )  # fmt: skip
+                stream = await http.get(f"{service.url}/mcp")  # stateless: no stream to open
             assert answer.status_code == 401 and answer.json()["id"] == 7
+            assert stream.status_code == 405 and stream.headers["Allow"] == "POST"
             assert answer.headers["WWW-Authenticate"].startswith("Bearer")
     keys = await _sql(service.dsn, "SELECT key FROM followups WHERE key IN ('before', 'after') "
                       "AND owner LIKE 'carol-%' ORDER BY key")  # fmt: skip

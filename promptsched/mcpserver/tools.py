@@ -46,6 +46,8 @@ _ARGUMENTS: dict[str, dict[str, str]] = {
     "diff_runs": {"id": "the older run's id", "other": "the newer run's id (same schedule)"},
 }
 _DROPPED = frozenset({"If-Match"})  # edit_schedule takes the version as an argument instead
+PAGE = 10  # a list tool's page when no limit is given (the API's is 50: long for a context)
+OUTPUT_CUT = 2000  # a listed run's output is cut here; show_run and the resource have it whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class ToolSpec:
         op = OPERATIONS[self.operation]
         names = {p.name for p in op.params} - _DROPPED
         params = {k: v for k, v in arguments.items() if k in names}
+        if "limit" in names and "limit" not in params:
+            params["limit"] = PAGE
         rest = {k: v for k, v in arguments.items() if k not in names}
         if op.body_schema is None:
             return {**params, **rest}, {}
@@ -82,6 +86,8 @@ def input_schema(name: str, operation: str) -> Schema:
         if param.name in _DROPPED:
             continue
         schema = copy.deepcopy(param.schema)
+        if param.name == "limit":
+            schema["default"] = PAGE
         text = words.get(param.name) or param.description
         if text:
             schema["description"] = text
@@ -115,6 +121,19 @@ async def _preview(gateway: Gateway, arguments: Mapping[str, Any], answer: Answe
 async def _placed(gateway: Gateway, arguments: Mapping[str, Any], answer: Answer) -> Any:
     placed = "created" if answer.status == 201 else "already placed with this key and body"
     return {"placed": placed, "followup": answer.data}
+
+
+async def _runs(gateway: Gateway, arguments: Mapping[str, Any], answer: Answer) -> Any:
+    """A page of runs, each output cut to OUTPUT_CUT characters with where the rest is."""
+    items = []
+    for run in answer.data["items"]:
+        output = run.get("output")
+        if isinstance(output, str) and len(output) > OUTPUT_CUT:
+            rest = len(output) - OUTPUT_CUT
+            where = f"show_run or promptsched://runs/{run['id']}/output"
+            run = {**run, "output": f"{output[:OUTPUT_CUT]}... [{rest} more characters: {where}]"}
+        items.append(run)
+    return {**answer.data, "items": items}
 
 
 async def _deleted(gateway: Gateway, arguments: Mapping[str, Any], answer: Answer) -> Any:
@@ -248,9 +267,10 @@ TOOLS: tuple[ToolSpec, ...] = (
     _spec(
         "list_runs", "listRuns", "List runs",
         "Your runs, newest first, a page at a time; filter by schedule_id and status "
-        "(pending, running, succeeded, dead, cancelled, skipped). Each has its output.\n"
+        "(pending, running, succeeded, dead, cancelled, skipped). Each has its output (a long "
+        f"one cut at {OUTPUT_CUT:,} characters: show_run has it whole).\n"
         'Example: {"schedule_id": 12, "status": "succeeded", "limit": 5}',
-        read_only=True, idempotent=True,
+        read_only=True, idempotent=True, shape=_runs,
     ),
     _spec(
         "show_run", "getRun", "Show a run with its output",
