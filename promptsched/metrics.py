@@ -63,6 +63,8 @@ THROTTLE_REASONS = ("concurrency", "rate", "tokens", "open", "paced", "ramp")
 ROLES: tuple[str, ...] = ("scheduler", "worker", "heartbeat", "transcript", "notifier", "reaper")
 ROLES += ("retention", "stats", "presence")
 LISTENER_RESULTS = ("ok", "lost")
+HTTP_REFUSALS = ("over_cap", "overflow")  # api/protocol.py: answered 503, or closed unanswered
+REQUEST_PHASES = ("headers", "body")
 # The stats leader's gauges (roles/stats.py): only the leader exports them.
 QUEUE_STATUSES = ("pending", "waiting_predecessor", "held_by_provider", "scheduled", "running")
 HOLD_REASONS = ("open", "concurrency", "rate", "tokens")
@@ -87,6 +89,7 @@ class Metrics:
         self._delivery()
         self._providers()
         self._process()
+        self._http()
         self.know({})
 
     # --- construction ---------------------------------------------------------------------
@@ -397,6 +400,27 @@ class Metrics:
             "lost and the replica reports not ready), else 1",
         )
         self.listener_healthy.set(1)
+
+    def _http(self) -> None:
+        # The API's connections (api/protocol.py, docs/deploying.md#connections-are-bounded).
+        self.http_connections = self._gauge(
+            "http_connections",
+            "Client connections the API holds open now within its cap "
+            "(PROMPTSCHED_HTTP_MAX_CONNECTIONS, at most half the open-files limit)",
+        )
+        self.http_connections_refused = self._counter(
+            "http_connections_refused",
+            "New connections turned away because the API's connection cap was reached, by "
+            "reason: over_cap (answered 503 busy at once), overflow (past the cap's overflow, "
+            "closed unanswered) (reason: over_cap, overflow)",
+            reason=HTTP_REFUSALS,
+        )
+        self.http_request_timeouts = self._counter(
+            "http_request_timeouts",
+            "Requests answered 408 and closed because their headers or their body did not "
+            "arrive in time (phase: headers, body)",
+            phase=REQUEST_PHASES,
+        )
 
     # --- the known label values -----------------------------------------------------------
 

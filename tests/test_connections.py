@@ -106,6 +106,16 @@ def exchange(port: int, request: bytes) -> tuple[float, int, dict[str, str], byt
     return took, int(lines[0].split()[1]), headers, body
 
 
+def scrape(port: int, series: str) -> float:
+    """One series' value on ``/metrics`` (``name{label="value"}``)."""
+    _, status, _, body = exchange(port, _request("/metrics"))
+    assert status == 200
+    for line in body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} is not exported")
+
+
 def _raise_own_open_files(needed: int) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < needed:
@@ -242,6 +252,14 @@ async def test_idle_and_slow_connections_are_closed_and_others_answer_fast(
         await wait_all_closed(crowd)
         took, status, _, _ = exchange(port, _request("/healthz"))
         assert status == 200 and took < FAST
+        timeouts = "promptsched_http_request_timeouts_total"
+        assert scrape(port, f'{timeouts}{{phase="headers"}}') == SLOW_HEADERS
+        assert scrape(port, f'{timeouts}{{phase="body"}}') == SLOW_BODIES
+
+        async def counted() -> bool:  # the scrape's own, once the last close is seen
+            return scrape(port, "promptsched_http_connections") == 1
+
+        await wait_until(counted, timeout=5, what="no connection left open")
     finally:
         service.stop()
 
@@ -300,6 +318,15 @@ async def test_over_the_cap_a_connection_is_answered_503_at_once(
             return exchange(port, _request("/healthz"))[1] == 200
 
         await wait_until(healthy, timeout=5, what="/healthz served again")
+        refused = "promptsched_http_connections_refused_total"
+        # (the closes above may reach the server after a first /healthz of the wait: >=)
+        assert scrape(port, f'{refused}{{reason="over_cap"}}') >= 5 + 16
+        assert scrape(port, f'{refused}{{reason="overflow"}}') == 1
+
+        async def counted() -> bool:  # the 15 idle connections left, and the scrape's own
+            return scrape(port, "promptsched_http_connections") == cap - 5 + 1
+
+        await wait_until(counted, timeout=5, what="the open connections counted")
     finally:
         service.stop()
 

@@ -28,7 +28,9 @@ from aiohttp.http_exceptions import (
     TransferEncodingError,
 )
 
+from promptsched.metrics import Metrics
 from promptsched.web import edge
+from promptsched.web.deps import DEPS
 
 log = structlog.get_logger("api")
 
@@ -228,6 +230,8 @@ class Protocol(web.RequestHandler):
         if self.transport is None:
             return
         log.debug("api.request_timeout", phase="headers", place=self._place)
+        if self._place == _SERVED:
+            self._server.timed_out("headers")
         if self._request_in_progress:  # a pipelined request behind one being answered
             self.close()
             return
@@ -249,6 +253,7 @@ class Protocol(web.RequestHandler):
             message=f"the request's body did not arrive within {self._server.limits.body:g}s"
         )
         log.debug("api.request_timeout", phase="body", place=self._place)
+        self._server.timed_out("body")
         if any(queued is body for _, queued in self._messages):  # its handler has not started
             body.set_exception(late)
             self.force_close()
@@ -295,11 +300,13 @@ class Server(web.Server):
     overflow: int
     served: int
     over: int
+    metrics: Metrics | None
     _full_logged: float
 
-    def setup(self, limits: Limits, cap: int) -> None:
+    def setup(self, limits: Limits, cap: int, metrics: Metrics | None) -> None:
         self.limits, self.cap, self.overflow = limits, cap, max(16, cap // 8)
         self.served = self.over = 0
+        self.metrics = metrics
         self._full_logged = -FULL_LOG_EVERY
 
     def __call__(self) -> web.RequestHandler:
@@ -308,21 +315,32 @@ class Server(web.Server):
     def admit(self) -> str:
         if self.served < self.cap:
             self.served += 1
+            if self.metrics is not None:
+                self.metrics.http_connections.set(self.served)
             return _SERVED
         now = time.monotonic()
         if now - self._full_logged >= FULL_LOG_EVERY:
             self._full_logged = now
             log.warning("api.connections_full", cap=self.cap, over=self.over)
-        if self.over < self.overflow:
+        place = _OVER if self.over < self.overflow else _REFUSED
+        if place == _OVER:
             self.over += 1
-            return _OVER
-        return _REFUSED
+        if self.metrics is not None:
+            reason = "over_cap" if place == _OVER else "overflow"
+            self.metrics.http_connections_refused.labels(reason).inc()
+        return place
 
     def release(self, place: str) -> None:
         if place == _SERVED:
             self.served -= 1
+            if self.metrics is not None:
+                self.metrics.http_connections.set(self.served)
         elif place == _OVER:
             self.over -= 1
+
+    def timed_out(self, phase: str) -> None:
+        if self.metrics is not None:
+            self.metrics.http_request_timeouts.labels(phase).inc()
 
 
 class Runner(web.AppRunner):
@@ -350,5 +368,6 @@ class Runner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = Server
         assert isinstance(server, Server)
-        server.setup(self._limits, self._cap)
+        deps = self._app.get(DEPS)
+        server.setup(self._limits, self._cap, deps.metrics if deps is not None else None)
         return server
