@@ -265,7 +265,7 @@ async def test_idle_and_slow_connections_are_closed_and_others_answer_fast(
 
 
 @pytest.mark.slow
-async def test_over_the_cap_a_connection_is_answered_503_at_once(
+async def test_over_the_cap_a_connection_is_answered_503_at_once_and_healthz_200(
     dsn: str, tmp_path: Path, crowd: list[Conn]
 ) -> None:
     cap = 20
@@ -282,7 +282,8 @@ async def test_over_the_cap_a_connection_is_answered_503_at_once(
         assert listening["body_timeout"] == 60.0
 
         crowd.extend(_open(port, "idle") for _ in range(cap))
-        answers = [exchange(port, _request("/healthz")) for _ in range(5)]
+        asked = ["/readyz", "/v1/schedules", "/metrics", "/login", "/readyz"]
+        answers = [exchange(port, _request(path)) for path in asked]
         assert [status for _, status, _, _ in answers] == [503] * 5
         taken = sorted(took for took, _, _, _ in answers)
         assert taken[2] < FAST and taken[-1] < 5 * FAST, taken  # at once, on a shared machine
@@ -292,6 +293,9 @@ async def test_over_the_cap_a_connection_is_answered_503_at_once(
         assert headers["server"] == "promptsched"
         assert headers["x-content-type-options"] == "nosniff"
         await service.wait_event("api.connections_full", cap=cap)
+        # The liveness probe alone is answered: the process is full, not dead.
+        took, status, headers, _ = exchange(port, _request("/healthz", close=False))
+        assert status == 200 and headers["connection"] == "close" and took < 5 * FAST
 
         # Over the cap, a connection that sends nothing is answered 503 after a second; past
         # the cap's overflow (16 here) a new one is closed at once, unanswered.
@@ -314,13 +318,13 @@ async def test_over_the_cap_a_connection_is_answered_503_at_once(
         for conn in crowd[:5]:
             conn.sock.close()
 
-        async def healthy() -> bool:
-            return exchange(port, _request("/healthz"))[1] == 200
+        async def ready() -> bool:
+            return exchange(port, _request("/readyz"))[1] == 200
 
-        await wait_until(healthy, timeout=5, what="/healthz served again")
+        await wait_until(ready, timeout=5, what="/readyz served again")
         refused = "promptsched_http_connections_refused_total"
-        # (the closes above may reach the server after a first /healthz of the wait: >=)
-        assert scrape(port, f'{refused}{{reason="over_cap"}}') >= 5 + 16
+        # (the closes above may reach the server after a first /readyz of the wait: >=)
+        assert scrape(port, f'{refused}{{reason="over_cap"}}') >= 5 + 1 + 16
         assert scrape(port, f'{refused}{{reason="overflow"}}') == 1
 
         async def counted() -> bool:  # the 15 idle connections left, and the scrape's own

@@ -3,8 +3,9 @@ line too long, a malformed header, bad framing) is answered with the API's JSON 
 logged without any of its bytes, which may hold a bearer token or a session cookie. Every
 connection is bounded (``Limits``): an idle keep-alive connection closes, a request whose
 headers or body do not arrive in time is answered 408 and closed, and past the cap of open
-connections a new one is answered 503 at once (past the cap's overflow, closed unanswered), so
-slow or idle clients never use up the process's file descriptors."""
+connections a new one is answered 503 at once (the liveness probe ``/healthz`` 200; past the
+cap's overflow, closed unanswered), so slow or idle clients never use up the process's file
+descriptors."""
 
 from __future__ import annotations
 
@@ -156,6 +157,21 @@ async def _busy(request: web.BaseRequest) -> web.StreamResponse:
     return error_response(503, "busy", BUSY, headers={"Retry-After": "1"})
 
 
+def _liveness(request: web.BaseRequest) -> bool:
+    """The liveness probe, answered even over the cap: it does no database work, and a full
+    process is alive (its readiness, ``/readyz``, is answered 503 like everything else)."""
+    return request.method in ("GET", "HEAD") and request.path == "/healthz"
+
+
+def _alive(handler: Any) -> Any:
+    async def answer(request: web.BaseRequest) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        response.force_close()  # an over-cap connection never stays open
+        return response
+
+    return answer
+
+
 class Protocol(web.RequestHandler):
     """aiohttp's connection handler, with its error page replaced and its connection bounded
     (see the module docstring). Errors a handler raises never get here: the app's middleware
@@ -212,7 +228,9 @@ class Protocol(web.RequestHandler):
             self._disarm()
 
     async def _handle_request(self, request: Any, start_time: Any, request_handler: Any) -> Any:
-        handler = _busy if self._place == _OVER else request_handler
+        handler = request_handler
+        if self._place == _OVER:
+            handler = _alive(request_handler) if _liveness(request) else _busy
         return await super()._handle_request(request, start_time, handler)
 
     def _arm(self, seconds: float, then: Any) -> None:
