@@ -72,10 +72,10 @@ async def _sql(dsn: str, query: str, *args: Any) -> Any:
         await conn.close()
 
 
-async def _token(dsn: str, owner: str) -> tuple[str, int]:
+async def _token(dsn: str, owner: str, *, admin: bool = False) -> tuple[str, int]:
     conn = await pools.connect(dsn)
     try:
-        token, row = await auth.create_token(conn, owner=owner)
+        token, row = await auth.create_token(conn, owner=owner, admin=admin)
     finally:
         await conn.close()
     return token, row["id"]
@@ -129,10 +129,12 @@ async def refused(client: Client, tool: str, arguments: dict[str, Any]) -> str:
 async def test_the_tools_are_listed_with_descriptions_and_json_schemas(
     service: Running, transport: str
 ) -> None:
-    token, _ = await _token(service.dsn, _owner("lister"))
+    token, _ = await _token(service.dsn, _owner("lister"), admin=True)
     async with connect(service, token, transport) as client:
         listed = (await client.list_tools()).tools
         templates = (await client.list_resource_templates()).resource_templates
+        status = await call(client, "fleet_status", {})  # an admin token's
+        assert status["fleet"]["replicas"] == 1
     async with connect(service, token, transport, mode="legacy") as client:  # initialize
         assert [t.name for t in (await client.list_tools()).tools] == [t.name for t in listed]
     assert {tool.name for tool in listed} == TOOLS
