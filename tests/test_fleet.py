@@ -245,3 +245,28 @@ async def test_status_shows_each_providers_breaker_ramp_and_pacing_as_the_claim_
     assert (shop["breaker"], shop["admitted_now"]) == ("half_open", 1)
     echo = next(p for p in found if p["name"] == "echo")
     assert echo["fleet_wide"] is False and echo["breaker"] == "closed"
+
+
+async def test_status_lists_a_replica_whose_published_configuration_it_cannot_read(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    """A replica of another release publishes a document this one cannot read: it is listed
+    (with its version, saying why the rest is missing), and the others with it."""
+    clock = FrozenClock(NOW)
+    await _presence(pool, clock, "a", _published(BASE_ENV)).run_once()
+    await pool.execute(
+        "INSERT INTO replicas (id, host, version, roles, slots, config, fingerprint, started_at,"
+        " seen_at, alive_until) VALUES ('other:1/x', 'other', '9.0.0', '{worker}', 4,"
+        " '[\"a document of another shape\"]'::jsonb, 'f9', $1, $1, $2)",
+        NOW - timedelta(seconds=5), NOW + timedelta(seconds=30),
+    )  # fmt: skip
+    found = await status.gather(pool, clock)
+    listed = {r["version"]: r for r in found["replicas"]}
+    assert set(listed) == {"0.2.0", "9.0.0"}
+    other = listed["9.0.0"]
+    assert other["alive"] and other["roles"] == ["worker"]
+    assert other["differs"] == [
+        "its published configuration could not be read (AttributeError): it may be of another "
+        "release"
+    ]
+    assert found["fleet"]["versions"] == ["0.2.0", "9.0.0"]

@@ -15,6 +15,8 @@ import anyio
 import asyncpg
 import pytest
 
+import promptsched
+from promptsched.store import migrate
 from tests.helpers import Service, assert_every_second_once, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
@@ -118,6 +120,14 @@ async def test_alter_table_of_each_hot_table_under_load_answers_no_error(
                     await pool.execute(f"ALTER TABLE {table} ADD COLUMN probe_{number} text")
                     await _wait_done(load, 40)  # each kind of request ran again since
                 load.stopping = True
+            async with http.get("/metrics") as r:
+                exported = await r.text()
+        # The release it runs, as Prometheus reads it (docs/observability.md).
+        build = (
+            f'promptsched_build_info{{commit="{promptsched.commit()}",'
+            f'schema="{migrate.latest_version()}",version="{promptsched.__version__}"}} 1.0'
+        )
+        assert build in exported, [x for x in exported.splitlines() if "build_info" in x]
         print(dict(load.statuses))
         assert load.failures() == {}, dict(load.statuses)
         assert load.statuses[("create", 201)] > 20, dict(load.statuses)

@@ -28,6 +28,27 @@ def _seconds(delta: timedelta) -> float:
     return round(max(0.0, delta.total_seconds()), 1)
 
 
+def _listed(row: Record, now: datetime, fleet_shared: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A replica as status shows it; one whose row this release cannot read (another
+    release's configuration document) is still listed, with what could be read and why the
+    rest could not, never dropped and never failing the whole status."""
+    try:
+        return _replica(row, now, fleet_shared)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        alive = bool(row["alive"])
+        return {
+            "id": str(row["id"]), "host": str(row["host"]), "version": str(row["version"]),
+            "roles": [str(r) for r in row["roles"] or []], "slots": int(row["slots"] or 0),
+            "in_flight": 0, "started_at": _iso(row["started_at"]),
+            "uptime_seconds": _seconds((row["stopped_at"] or now) - row["started_at"]),
+            "seen_at": _iso(row["seen_at"]), "seen_seconds_ago": _seconds(now - row["seen_at"]),
+            "alive": alive, "stopped_at": _iso(row["stopped_at"]), "leads": [],
+            "fingerprint": str(row["fingerprint"]), "drift": alive,
+            "differs": [f"its published configuration could not be read ({type(exc).__name__}):"
+                        " it may be of another release"],
+        }  # fmt: skip
+
+
 def _replica(row: Record, now: datetime, fleet_shared: Mapping[str, Any] | None) -> dict[str, Any]:
     shared = (row["config"] or {}).get("shared") or {}
     drift = row["alive"] and fleet_shared is not None and shared != fleet_shared
@@ -126,6 +147,8 @@ async def gather(db: queries.DB, clock: Clock) -> dict[str, Any]:
     chosen = lead["fingerprint"] if lead is not None else None
     source = lead or (rows[0] if rows else None)
     config = source["config"] if source is not None else {}
+    if not isinstance(config, Mapping) or not isinstance(config.get("shared") or {}, Mapping):
+        config = {}  # a document of another release: its replicas are listed all the same
     fleet_shared = config.get("shared") if chosen is not None else None
     wanted = _limits(config)
     rooms = {row["provider"]: row for row in await queries.stats_provider_room(db, now_arg, wanted)}
@@ -142,7 +165,7 @@ async def gather(db: queries.DB, clock: Clock) -> dict[str, Any]:
             "fingerprint": chosen,
             "versions": sorted({row["version"] for row in alive}),
         },
-        "replicas": [_replica(row, now, fleet_shared) for row in rows],
+        "replicas": [_listed(row, now, fleet_shared) for row in rows],
         "providers": [
             _provider(name, providers[name], rooms.get(name), pending.get(name))
             for name in sorted(providers)
