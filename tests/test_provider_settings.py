@@ -110,12 +110,12 @@ ENV_ERRORS: list[tuple[dict[str, str], str, str]] = [
     (
         {"PROMPTSCHED_PROVIDERS": "llm"},
         "PROMPTSCHED_PROVIDER_LLM_KIND",
-        "needs a kind: openai, webhook, echo",
+        "needs a kind: openai, anthropic, gemini, webhook, echo",
     ),
     (
-        {"PROMPTSCHED_PROVIDERS": "llm", "PROMPTSCHED_PROVIDER_LLM_KIND": "anthropic"},
+        {"PROMPTSCHED_PROVIDERS": "llm", "PROMPTSCHED_PROVIDER_LLM_KIND": "claude"},
         "PROMPTSCHED_PROVIDER_LLM_KIND",
-        "unknown kind 'anthropic'",
+        "unknown kind 'claude'",
     ),
     (
         {"PROMPTSCHED_PROVIDERS": "openai", "PROMPTSCHED_PROVIDER_OPENAI_BASE_URL": "ftp://x"},

@@ -5,9 +5,14 @@ transport failures and bodies) mapped onto the executor error tree.
 | ----------------------------------------- | ---------------- |
 | timeout, connection refused/reset/dropped | RetryableError   |
 | 429; 503 with ``Retry-After``             | Throttled        |
+| a kind's own "not now" statuses           | Throttled        |
 | other 5xx, 408 (``Retry-After`` honoured) | RetryableError   |
 | 3xx (not followed), other 4xx             | PermanentError   |
 | unparsable or incomplete 2xx body         | PermanentError   |
+
+Each kind of provider says "not now" the same way, with a few words of its own
+(``Pushback``): statuses it always means as throttling (Anthropic's 529 "overloaded" and 503)
+and a wait its error body may name when no ``Retry-After`` does (Gemini's ``RetryInfo``).
 
 A request that a server closed a REUSED connection under, before any byte of an answer (the
 keep-alive race, ``http_pool.closed_unanswered``), is first sent once more on a new
@@ -20,7 +25,7 @@ import asyncio
 import email.utils
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
@@ -46,6 +51,7 @@ MAX_RESPONSE_BYTES = 10 * 1024 * 1024
 MAX_RETRY_AFTER = 86_400.0  # a day: the longest wait a provider's Retry-After is taken for
 _RETRYABLE_4XX = frozenset({408, 429})
 _SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_REASONS = {529: "Overloaded"}  # Anthropic's own status, not in the HTTP registry
 _HINTS = {
     401: " (check the provider's API key)",
     403: " (check the provider's API key and its permissions)",
@@ -116,6 +122,20 @@ def body_excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@dataclass(frozen=True, slots=True)
+class Pushback:
+    """What a kind of provider says "not now" with, beyond the rules every provider shares:
+    ``throttled``, statuses that are always throttling (with or without ``Retry-After``), and
+    ``body_delay``, the wait an error body names (its text in, seconds out, or None), read
+    when no ``Retry-After`` header says one."""
+
+    throttled: frozenset[int] = frozenset()
+    body_delay: Callable[[str], float | None] | None = None
+
+
+SHARED = Pushback()  # the openai and webhook kinds: the shared rules only
+
+
 def classify_status(
     status: int,
     headers: Mapping[str, str],
@@ -123,10 +143,13 @@ def classify_status(
     *,
     provider: str = "http",
     now: datetime | None = None,
+    pushback: Pushback = SHARED,
+    body_delay: float | None = None,
 ) -> ExecutorError:
     """The error for a non-2xx response. 5xx, 408 and 429 are retryable (with ``retry_after``
-    from ``Retry-After``, and the pacing its rate-limit headers ask for); a 429, and a 503
-    with ``Retry-After``, are throttling (``Throttled``); anything else is permanent.
+    from ``Retry-After``, else ``body_delay``, and the pacing its rate-limit headers ask
+    for); a 429, a 503 with ``Retry-After``, and the statuses of ``pushback.throttled`` are
+    throttling (``Throttled``); anything else is permanent.
 
     An HTTP-date ``Retry-After`` is measured from the response's ``Date`` header, else from
     ``now``, else from the local wall clock.
@@ -135,15 +158,21 @@ def classify_status(
     try:
         reason = HTTPStatus(status).phrase
     except ValueError:
-        reason = ""
+        reason = _REASONS.get(status, "")
     label = f"{provider}: HTTP {status} {reason}".rstrip()
     detail = f": {body_excerpt}" if body_excerpt else ""
     if status >= 500 or status in _RETRYABLE_4XX:
         retry_after = parse_retry_after(lowered.get("retry-after"), _reference_now(lowered, now))
+        if retry_after is None:
+            retry_after = body_delay
         if retry_after is not None:
             label += f" (retry after {seconds_text(retry_after)})"
         pace = ratelimit.pace_of(lowered, now)
-        throttled = status == 429 or (status == 503 and retry_after is not None)
+        throttled = (
+            status == 429
+            or status in pushback.throttled
+            or (status == 503 and retry_after is not None)
+        )
         kind = Throttled if throttled else RetryableError
         return kind(label + detail, retry_after=retry_after, pace=pace)
     if 300 <= status < 400:
@@ -217,15 +246,23 @@ class HttpReply:
 
 
 def request_headers(
-    configured: Mapping[str, str], api_key: Secret | None, *, user_agent: str = "promptsched"
+    configured: Mapping[str, str],
+    api_key: Secret | None,
+    *,
+    user_agent: str = "promptsched",
+    key_header: str | None = None,
 ) -> dict[str, str]:
-    """Configured headers plus ``User-Agent`` and, with a key, ``Authorization: Bearer``.
+    """Configured headers plus ``User-Agent`` and, with a key, ``Authorization: Bearer`` (or
+    the key alone in ``key_header``: Anthropic's ``x-api-key``, Gemini's ``x-goog-api-key``).
 
     The result holds the revealed key: build it per request and never log it.
     """
     headers = {"User-Agent": user_agent, **configured}
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key.reveal()}"
+        if key_header is None:
+            headers["Authorization"] = f"Bearer {api_key.reveal()}"
+        else:
+            headers[key_header] = api_key.reveal()
     return headers
 
 
@@ -251,6 +288,7 @@ async def _exchange(
     data: bytes | None,
     headers: Mapping[str, str],
     provider: str,
+    pushback: Pushback,
     wire: http_pool.Wire | None = None,
 ) -> HttpReply:
     method = "GET" if data is None else "POST"
@@ -261,29 +299,38 @@ async def _exchange(
             wire.answered = True  # its status line and headers arrived
         body = await _read_limited(response, provider)
         if not 200 <= response.status < 300:
+            delay = None
+            if pushback.body_delay is not None:
+                delay = pushback.body_delay(body.decode(response.charset or "utf-8", "replace"))
             raise classify_status(
-                response.status, response.headers, body_excerpt(body), provider=provider
-            )
+                response.status, response.headers, body_excerpt(body), provider=provider,
+                pushback=pushback, body_delay=delay,
+            )  # fmt: skip
         return HttpReply(response.status, response.headers, body, response.charset)
 
 
 async def _send(
-    session: Session, url: str, data: bytes | None, headers: Mapping[str, str], provider: str
+    session: Session,
+    url: str,
+    data: bytes | None,
+    headers: Mapping[str, str],
+    provider: str,
+    pushback: Pushback,
 ) -> HttpReply:
     """One exchange; on a provider's sessions, once more on a new connection when a reused one
     was closed under it before any answer (the server may have read the request, never
     answered it: the same as what a retried attempt would send, without spending one)."""
     if isinstance(session, aiohttp.ClientSession):
-        return await _exchange(session, url, data, headers, provider)
+        return await _exchange(session, url, data, headers, provider, pushback)
     with http_pool.sending() as wire:
         try:
-            return await _exchange(session.get(), url, data, headers, provider, wire)
+            return await _exchange(session.get(), url, data, headers, provider, pushback, wire)
         except (aiohttp.ClientError, OSError) as exc:
             if not http_pool.closed_unanswered(exc, wire):
                 raise
             # Never the headers or the URL: they may hold the API key.
             log.debug("http_resent_on_new_connection", provider=provider, error=type(exc).__name__)
-    return await _exchange(session.fresh(), url, data, headers, provider)
+    return await _exchange(session.fresh(), url, data, headers, provider, pushback)
 
 
 async def post_json(
@@ -295,8 +342,10 @@ async def post_json(
     provider: str,
     request_timeout: float,
     connect_timeout: float,
+    pushback: Pushback = SHARED,
 ) -> HttpReply:
-    """POST ``payload`` as JSON and return the 2xx reply, or raise a classified error.
+    """POST ``payload`` as JSON and return the 2xx reply, or raise a classified error
+    (``pushback``: the provider kind's own ways of saying "not now").
 
     ``request_timeout`` bounds the whole exchange (connect, send, read the body). Cancellation
     from outside (a fenced attempt) propagates untouched and aborts the connection.
@@ -307,7 +356,7 @@ async def post_json(
         raise PermanentError(f"{provider}: request is not JSON-serializable: {exc}") from None
     all_headers = {"Content-Type": "application/json", **headers}
     return await _request(
-        session, url, data, all_headers, provider, request_timeout, connect_timeout
+        session, url, data, all_headers, provider, request_timeout, connect_timeout, pushback
     )
 
 
@@ -319,9 +368,12 @@ async def get(
     provider: str,
     request_timeout: float,
     connect_timeout: float,
+    pushback: Pushback = SHARED,
 ) -> HttpReply:
     """GET ``url`` and return the 2xx reply, or raise a classified error (as ``post_json``)."""
-    return await _request(session, url, None, headers, provider, request_timeout, connect_timeout)
+    return await _request(
+        session, url, None, headers, provider, request_timeout, connect_timeout, pushback
+    )
 
 
 async def _request(
@@ -332,12 +384,13 @@ async def _request(
     provider: str,
     request_timeout: float,
     connect_timeout: float,
+    pushback: Pushback,
 ) -> HttpReply:
     try:
         # asyncio's timeout, not anyio's fail_after: the same TimeoutError for a fraction of
         # the cost (a cancel scope was a tenth of an attempt's CPU at thousands in flight).
         async with asyncio.timeout(request_timeout):
-            return await _send(session, url, data, headers, provider)
+            return await _send(session, url, data, headers, provider, pushback)
     except ExecutorError:
         raise
     except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's timeouts subclass it

@@ -2,68 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from promptsched.errors import ExecutorError, PermanentError, ValidationError
-from promptsched.executors import agent, http_client, http_pool, ratelimit, structured
-from promptsched.executors import budget as budgets
-from promptsched.executors.base import ExecutionRequest, ExecutionResult
+from promptsched.executors import agent, chat, http_client, structured
+from promptsched.executors.chat import SYSTEM_PARAM, build_messages
 from promptsched.executors.settings import ProviderSettings, StructuredOutput
 from promptsched.monitor import schema as output_schema
 
-SYSTEM_PARAM = "system"
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError("must be a number")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError("must be a number") from None
-    if not math.isfinite(number):
-        raise ValueError("must be a finite number")
-    return number
-
-
-def _between(low: float, high: float) -> Callable[[Any], float]:
-    """A number in [low, high], the range the OpenAI API documents for the parameter."""
-
-    def convert(value: Any) -> float:
-        number = _number(value)
-        if not low <= number <= high:
-            raise ValueError(f"must be between {low:g} and {high:g}")
-        return number
-
-    return convert
-
-
-def _whole(value: Any) -> int:
-    number = _number(value)
-    if not number.is_integer():
-        raise ValueError("must be a whole number")
-    if abs(number) >= 2**63:
-        raise ValueError("is too large")
-    return int(number)
-
-
-def _positive(value: Any) -> int:
-    number = _whole(value)
-    if number < 1:
-        raise ValueError("must be at least 1")
-    return number
-
-
-def _stop(value: Any) -> str | list[str]:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
-        return list(value)
-    raise ValueError("must be a string or a list of strings")
+__all__ = ["SYSTEM_PARAM", "OpenAIExecutor", "build_messages", "generation_params"]
 
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -87,14 +35,14 @@ def _response_format(value: Any) -> dict[str, Any]:
 
 # The generation parameters a schedule may set, and how a CLI string becomes the wire type.
 GENERATION_PARAMS: Mapping[str, Callable[[Any], Any]] = {
-    "temperature": _between(0, 2),
-    "top_p": _between(0, 1),
-    "presence_penalty": _between(-2, 2),
-    "frequency_penalty": _between(-2, 2),
-    "max_tokens": _positive,
-    "max_completion_tokens": _positive,
-    "seed": _whole,
-    "stop": _stop,
+    "temperature": chat.between(0, 2),
+    "top_p": chat.between(0, 1),
+    "presence_penalty": chat.between(-2, 2),
+    "frequency_penalty": chat.between(-2, 2),
+    "max_tokens": chat.positive,
+    "max_completion_tokens": chat.positive,
+    "seed": chat.whole,
+    "stop": chat.stop,
     "response_format": _response_format,
 }
 
@@ -106,25 +54,7 @@ def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
     API can reject it when the schedule is saved. The agent params (``tools``, budgets) are
     the tool loop's (``budget.py``), not the request's.
     """
-    body: dict[str, Any] = {}
-    for key, value in params.items():
-        if key == SYSTEM_PARAM:
-            if not isinstance(value, str):
-                raise ValidationError(f"params.{key}", "must be a string")
-            continue
-        if key in budgets.AGENT_PARAMS:
-            continue
-        convert = GENERATION_PARAMS.get(key)
-        if convert is None:
-            known = ", ".join([SYSTEM_PARAM, *GENERATION_PARAMS, *budgets.AGENT_PARAMS])
-            raise ValidationError(f"params.{key}", f"unknown parameter; known: {known}")
-        try:
-            body[key] = convert(value)
-        except ValueError as exc:
-            shown = repr(value)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise ValidationError(f"params.{key}", f"{exc} (got {shown})") from None
-    return body
+    return chat.convert_params(params, GENERATION_PARAMS)
 
 
 def validate_params(params: Mapping[str, Any]) -> None:
@@ -149,16 +79,6 @@ def response_format(schema: Mapping[str, Any], mode: StructuredOutput) -> dict[s
     }
 
 
-def build_messages(prompt: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A fresh conversation: the optional system prompt, then the rendered prompt."""
-    messages: list[dict[str, Any]] = []
-    system = params.get(SYSTEM_PARAM)
-    if isinstance(system, str) and system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": prompt})
-    return messages
-
-
 def parse_chat_reply(data: Any, provider: str) -> agent.ChatReply:
     """Read a chat-completion body; anything unexpected is a permanent invalid response."""
     if not isinstance(data, dict):
@@ -173,98 +93,47 @@ def parse_chat_reply(data: Any, provider: str) -> agent.ChatReply:
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise http_client.invalid_response(provider, "choices[0].message.content is not a string")
-    usage = data.get("usage")
     finish_reason = choices[0].get("finish_reason")
     return agent.ChatReply(
         message=message,
         content=content,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-        usage={
-            key: value
-            for key, value in (usage.items() if isinstance(usage, dict) else ())
-            if isinstance(value, int) and not isinstance(value, bool)
-        },
+        usage=chat.usage_counts(data.get("usage")),
     )
 
 
-class OpenAIExecutor:
-    """POSTs ``{base_url}/chat/completions``; one ``aiohttp`` session per provider, opened on
-    first use and closed by ``aclose``. Errors never contain the API key."""
+class OpenAIExecutor(chat.ChatExecutor):
+    """POSTs ``{base_url}/chat/completions``: the conversation as it is, the key as
+    ``Authorization: Bearer``."""
 
-    def __init__(self, settings: ProviderSettings, tools: agent.ToolSource | None = None) -> None:
-        if not settings.base_url:
-            raise ValueError(f"provider {settings.name!r} has no base_url")
-        self.name = settings.name
-        self._settings = settings
-        self._tools = tools
-        self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
-        self._http = http_pool.LazySession(
-            connect_timeout=settings.connect_timeout.total_seconds(),
-            max_concurrency=settings.max_concurrency,
-        )
+    def url(self, model: str) -> str:
+        return f"{self._base_url}/chat/completions"
 
-    async def chat_completion(
+    @staticmethod
+    def headers(settings: ProviderSettings) -> dict[str, str]:
+        return http_client.request_headers(settings.headers, settings.api_key)
+
+    @staticmethod
+    def generation_params(params: Mapping[str, Any]) -> dict[str, Any]:
+        return generation_params(params)
+
+    def ask_in_schema(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        schema: Mapping[str, Any],
+        params: dict[str, Any],
+        messages: list[dict[str, Any]],
         *,
-        model: str,
-        params: Mapping[str, Any],
-    ) -> agent.ChatReply:
-        """One chat-completion request. ``params`` are wire-ready generation fields (see
-        ``generation_params``). A tool-calling loop calls this once per turn."""
-        payload = {**params, "model": model, "messages": list(messages)}
-        settings = self._settings
-        try:
-            reply = await http_client.post_json(
-                self._http,
-                self._url,
-                payload,
-                headers=http_client.request_headers(settings.headers, settings.api_key),
-                provider=self.name,
-                request_timeout=settings.request_timeout.total_seconds(),
-                connect_timeout=settings.connect_timeout.total_seconds(),
-            )
-            parsed = parse_chat_reply(reply.json(self.name), self.name)
-            pace = ratelimit.pace_of(reply.headers)
-            return parsed if pace is None else dataclasses.replace(parsed, pace=pace)
-        except ExecutorError as exc:
-            raise http_client.redact_error(exc, settings.api_key) from None
+        agent_run: bool,
+    ) -> dict[str, Any]:
+        mode = self._settings.structured_output
+        if mode == "json_object":  # the schema goes in words, and json_object needs "JSON"
+            messages.insert(0, {"role": "system", "content": structured.instructions(schema)})
+        return {**params, "response_format": response_format(schema, mode)}
 
-    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
-        model = request.model or self._settings.default_model
-        if not model:
-            raise PermanentError(
-                f"{self.name}: no model (set the schedule's model or the provider's default_model)"
-            )
-        try:
-            params = generation_params(request.params)
-        except ValidationError as exc:
-            raise PermanentError(f"{self.name}: {exc}") from None
-        messages = build_messages(request.prompt, request.params)
-        schema = request.output_schema
-        if schema is not None:
-            mode = self._settings.structured_output
-            params = {**params, "response_format": response_format(schema, mode)}
-            if mode == "json_object":  # the schema goes in words, and json_object needs "JSON"
-                messages.insert(0, {"role": "system", "content": structured.instructions(schema)})
-        if budgets.is_agent_run(request.params):
-            return await agent.run(
-                self.chat_completion, request, provider=self.name, model=model, params=params,
-                messages=messages, tools=self._tools,
-            )  # fmt: skip
+    def payload(
+        self, messages: Sequence[Mapping[str, Any]], model: str, params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return {**params, "model": model, "messages": list(messages)}
 
-        async def ask() -> ExecutionResult:
-            reply = await self.chat_completion(messages, model=model, params=params)
-            return ExecutionResult(
-                agent.answer_text(reply, self.name), usage=reply.usage or None, pace=reply.pace
-            )
-
-        if schema is None:
-            return await ask()
-        return await structured.answer(
-            schema, ask, lambda first, why: agent.ask_again(messages, first, why, ask),
-            provider=self.name,
-        )  # fmt: skip
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
+    def read(self, data: Any, params: Mapping[str, Any]) -> agent.ChatReply:
+        return parse_chat_reply(data, self.name)

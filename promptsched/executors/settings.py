@@ -19,9 +19,18 @@ from promptsched.durations import parse_duration
 from promptsched.errors import ConfigError, ValidationError
 from promptsched.secret import Secret
 
-Kind = Literal["openai", "webhook", "echo"]
-KINDS: tuple[Kind, ...] = ("openai", "webhook", "echo")
+Kind = Literal["openai", "anthropic", "gemini", "webhook", "echo"]
+KINDS: tuple[Kind, ...] = ("openai", "anthropic", "gemini", "webhook", "echo")
+# The kinds that speak an LLM API (they take generation params, output schemas and agent runs).
+CHAT_KINDS: tuple[Kind, ...] = ("openai", "anthropic", "gemini")
 DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
+DEFAULT_URLS: Mapping[str, str] = MappingProxyType({
+    "openai": DEFAULT_OPENAI_URL,
+    "anthropic": "https://api.anthropic.com",
+    "gemini": "https://generativelanguage.googleapis.com",
+})  # fmt: skip
+# The ``anthropic-version`` header an anthropic provider sends unless ``api_version`` says.
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
 DEFAULT_TIMEOUT = timedelta(seconds=120)
 DEFAULT_MAX_CONCURRENCY = 8
@@ -42,11 +51,13 @@ _KEYS: dict[str, str | None] = {
     "tokens_per_minute": "TOKENS_PER_MINUTE",
     "structured_output": "STRUCTURED_OUTPUT",
     "probe": "PROBE",
+    "api_version": "API_VERSION",
     "headers": None,
 }
-# How an openai-kind provider is asked for an answer in a schedule's output_schema
-# (docs/monitors.md): strict json_schema where the schema allows it, json_schema, or the
-# json_object fallback (the schema in the conversation); every answer is checked here anyway.
+# How a provider is asked for an answer in a schedule's output_schema (docs/monitors.md):
+# openai: strict json_schema where the schema allows it, json_schema, or the json_object
+# fallback (the schema in the conversation); anthropic and gemini: their own way (a forced
+# tool, a response schema) unless json_object; every answer is checked here anyway.
 StructuredOutput = Literal["strict", "json_schema", "json_object"]
 STRUCTURED_OUTPUTS: tuple[StructuredOutput, ...] = ("strict", "json_schema", "json_object")
 _HINTS = {
@@ -86,6 +97,8 @@ class ProviderSettings:
     structured_output: StructuredOutput = "strict"
     # `promptsched doctor` sends it one cheap request (the model list); false: never.
     probe: bool = True
+    # anthropic: the ``anthropic-version`` header it sends
+    api_version: str | None = None
     # Where base_url was set (TOML key or variable), for startup errors about it.
     base_url_field: str | None = field(default=None, compare=False)
 
@@ -247,6 +260,7 @@ def _build(name: str, raw: Mapping[str, _Value], env: Mapping[str, str]) -> Prov
         headers=_headers(raw.get("headers")),
         structured_output=_structured_output(raw.get("structured_output")),
         probe=_flag(raw.get("probe"), default=True),
+        api_version=_api_version(kind, raw.get("api_version")),
         base_url_field=raw["base_url"].field if "base_url" in raw else None,
     )
 
@@ -267,7 +281,7 @@ def _base_url(kind: Kind, name: str, raw: Mapping[str, _Value]) -> str | None:
             raise ConfigError(
                 _missing_field(name, raw, "base_url"), "a webhook provider needs a URL"
             )
-        return DEFAULT_OPENAI_URL if kind == "openai" else None
+        return DEFAULT_URLS.get(kind)
     assert item is not None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -275,7 +289,16 @@ def _base_url(kind: Kind, name: str, raw: Mapping[str, _Value]) -> str | None:
     if parts.username or parts.password:
         # Do not echo the URL: it holds a credential.
         raise ConfigError(item.field, "credentials in the URL are not allowed; use api_key_env")
-    return url.rstrip("/") if kind == "openai" else url
+    return url.rstrip("/") if kind in CHAT_KINDS else url
+
+
+def _api_version(kind: Kind, item: _Value | None) -> str | None:
+    version = _text(item)
+    if kind != "anthropic":
+        if item is not None:
+            raise ConfigError(item.field, "only an anthropic provider has an API version")
+        return None
+    return version or DEFAULT_ANTHROPIC_VERSION
 
 
 def _api_key_env(item: _Value | None) -> str | None:
