@@ -232,7 +232,7 @@ async def test_malformed_json_is_a_permanent_invalid_response(
         ('{"choices": []}', "no choices"),
         ('{"choices": [{"index": 0}]}', "choices[0].message is missing"),
         ('{"choices": [{"message": {"content": 5}}]}', "content is not a string"),
-        ('{"choices": [{"message": {"tool_calls": []}}]}', "content is empty"),
+        ('{"choices": [{"message": {"tool_calls": []}}]}', "has no text content"),
         ('{"error": {"message": "overloaded"}}', "overloaded"),
         ("[1, 2]", "expected a JSON object"),
     ],

@@ -1,7 +1,8 @@
-"""The agent loop of the ``openai`` provider: model, tool calls, tool results, model, until
-the model answers, within the schedule's budgets. Every attempt starts from the fresh
-conversation it is given; tools are read-only; each step is reported as it happens so the
-worker can keep a transcript and publish progress. Running out of a budget is permanent:
+"""The agent loop of the LLM-API providers (``chat.py``: ``openai``, ``anthropic``,
+``gemini``): model, tool calls, tool results, model, until the model answers, within the
+schedule's budgets. Every attempt starts from the fresh conversation it is given; tools are
+read-only; each step is reported as it happens so the worker can keep a transcript and
+publish progress. Running out of a budget is permanent:
 another attempt would run out again."""
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def answer_text(reply: ChatReply, provider: str) -> str:
     refusal = reply.message.get("refusal")
     if isinstance(refusal, str) and refusal:
         raise PermanentError(f"{provider}: the model refused: {refusal[:300]}")
-    raise http_client.invalid_response(provider, "choices[0].message.content is empty")
+    raise http_client.invalid_response(provider, "the reply has no text content")
 
 
 def tool_calls(reply: ChatReply, provider: str) -> list[ToolCall]:

@@ -130,6 +130,10 @@ class ChatExecutor:
 
     # The kind's own ways of saying "not now" (http_client.Pushback).
     pushback: ClassVar[http_client.Pushback] = http_client.SHARED
+    # Its model list (``promptsched doctor`` asks for it): the path under base_url, and the
+    # field of the answer that lists them.
+    models_path: ClassVar[str] = "/models"
+    models_field: ClassVar[str] = "data"
 
     def __init__(self, settings: ProviderSettings, tools: agent.ToolSource | None = None) -> None:
         if not settings.base_url:

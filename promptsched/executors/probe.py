@@ -1,10 +1,12 @@
 """A provider's cheap check for ``promptsched doctor``: can it be reached, and does it accept
 its key, without running a prompt or spending a token.
 
-An ``openai`` provider is asked for its model list (``GET {base_url}/models``, with the key
-the runs send): OpenAI, LiteLLM's proxy, vLLM and Ollama answer it without a completion, and
-answer 401 to a wrong key. A ``webhook`` provider is only connected to (any request to it runs
-a prompt), through the address guard its runs use. ``echo`` is built in."""
+An LLM-API provider is asked for its model list with the key the runs send: ``openai``
+``GET {base_url}/models`` (OpenAI, LiteLLM's proxy, vLLM and Ollama answer it without a
+completion, and answer 401 to a wrong key), ``anthropic`` ``GET {base_url}/v1/models``,
+``gemini`` ``GET {base_url}/v1beta/models``. A ``webhook`` provider is only connected to
+(any request to it runs a prompt), through the address guard its runs use. ``echo`` is built
+in."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import anyio
 
 from promptsched import netguard
 from promptsched.errors import ExecutorError
-from promptsched.executors import http_client, http_pool
+from promptsched.executors import http_client, http_pool, providers
 from promptsched.executors.settings import ProviderSettings
 
 PROBE_TIMEOUT = 10.0  # seconds, whatever the provider's own request timeout
@@ -42,13 +44,13 @@ async def probe(provider: ProviderSettings, webhook_allow: netguard.Allowlist) -
 
 
 async def _models(provider: ProviderSettings) -> Probed:
-    url = f"{provider.base_url}/models"
+    kind = providers.CHAT_EXECUTORS[provider.kind]
+    url = f"{(provider.base_url or '').rstrip('/')}{kind.models_path}"
     session = http_pool.open_session(connect_timeout=PROBE_TIMEOUT, max_concurrency=1)
     try:
         reply = await http_client.get(
-            session, url,
-            headers=http_client.request_headers(provider.headers, provider.api_key),
-            provider=provider.name, request_timeout=PROBE_TIMEOUT, connect_timeout=PROBE_TIMEOUT,
+            session, url, headers=kind.headers(provider), provider=provider.name,
+            request_timeout=PROBE_TIMEOUT, connect_timeout=PROBE_TIMEOUT, pushback=kind.pushback,
         )  # fmt: skip
     except ExecutorError as exc:
         error = http_client.redact_error(exc, provider.api_key)
@@ -56,7 +58,7 @@ async def _models(provider: ProviderSettings) -> Probed:
     finally:
         await session.close()
     try:
-        listed = len(reply.json(provider.name).get("data") or [])
+        listed = len(reply.json(provider.name).get(kind.models_field) or [])
     except (ExecutorError, AttributeError):
         listed = 0
     key = "its key accepted" if provider.api_key else "no key sent"

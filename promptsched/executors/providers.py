@@ -3,13 +3,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from promptsched import netguard
-from promptsched.executors import agent, echo, openai, webhook_provider
+from promptsched.executors import agent, anthropic, chat, echo, gemini, openai, webhook_provider
 from promptsched.executors.base import Executor, Registry
 from promptsched.executors.limiter import Limiter
 from promptsched.executors.settings import ProviderSettings, check_webhook_url
+
+# The executor of each LLM-API kind.
+CHAT_EXECUTORS: Mapping[str, type[chat.ChatExecutor]] = {
+    "openai": openai.OpenAIExecutor,
+    "anthropic": anthropic.AnthropicExecutor,
+    "gemini": gemini.GeminiExecutor,
+}
+# What each kind checks of a schedule's params when it is saved (ValidationError naming
+# params.KEY); the webhook kind's params are opaque.
+PARAM_CHECKS: Mapping[str, Callable[[Mapping[str, Any]], None]] = {
+    "openai": openai.validate_params,
+    "anthropic": anthropic.validate_params,
+    "gemini": gemini.validate_params,
+}
 
 
 def build_executor(
@@ -18,11 +33,12 @@ def build_executor(
     *,
     webhook_allow: netguard.Allowlist = netguard.NO_WEBHOOK_ALLOW,
 ) -> Executor:
-    """The executor for one provider (its HTTP session opens lazily on first use); ``openai``
-    ones run agent schedules with ``tools``. ``webhook`` ones connect only where
-    ``webhook_allow`` lets them (``openai`` ones are not guarded: see docs/providers.md)."""
-    if settings.kind == "openai":
-        return openai.OpenAIExecutor(settings, tools)
+    """The executor for one provider (its HTTP session opens lazily on first use); the
+    LLM-API kinds run agent schedules with ``tools``. ``webhook`` ones connect only where
+    ``webhook_allow`` lets them (the LLM-API kinds are not guarded: see docs/providers.md)."""
+    chat_kind = CHAT_EXECUTORS.get(settings.kind)
+    if chat_kind is not None:
+        return chat_kind(settings, tools)
     if settings.kind == "webhook":
         check_webhook_url(settings, webhook_allow)
         return webhook_provider.WebhookExecutor(settings, allow=webhook_allow)

@@ -12,7 +12,8 @@ from promptsched import budgets, fallback, netguard
 from promptsched.domain import ScheduleInput
 from promptsched.durations import parse_duration
 from promptsched.errors import ValidationError
-from promptsched.executors import budget, echo, openai, template
+from promptsched.executors import budget, echo, openai, providers, template
+from promptsched.executors.settings import CHAT_KINDS
 from promptsched.monitor import conditions
 from promptsched.monitor import schema as output_schemas
 from promptsched.ops import notify_targets
@@ -246,16 +247,30 @@ def schema_text(text: str) -> dict[str, Any] | None:
 def _check_provider_params(
     values: ScheduleInput, provider_kinds: Mapping[str, str], tools: Catalog | None
 ) -> None:
-    """Params that would fail every attempt fail at save time instead: an ``openai``
-    provider's generation params and agent params (its tools exist here and are allowed),
-    and the tags of a ``system`` prompt (the worker renders it with the prompt's context)."""
+    """Params that would fail every attempt fail at save time instead: the generation params
+    of an LLM-API provider (``openai``, ``anthropic``, ``gemini``), the schedule's own and its
+    fallbacks' (an attempt may go to any of them), and agent params (its tools exist here and
+    are allowed), and the tags of a ``system`` prompt (the worker renders it with the
+    prompt's context)."""
     kind = provider_kinds.get(values.provider)
-    if kind == "openai":
-        openai.validate_params(values.params)
-    if budget.is_agent_run(values.params) and kind != "webhook":  # webhook params are opaque
-        if kind not in (None, "openai"):
+    route = [values.provider, *(fallback.split(entry)[0] for entry in values.fallback)]
+    for number, name in enumerate(dict.fromkeys(route)):
+        check = providers.PARAM_CHECKS.get(provider_kinds.get(name, ""))
+        if check is None:
+            continue
+        try:
+            check(values.params)
+        except ValidationError as exc:
+            if number == 0:
+                raise
             raise ValidationError(
-                f"params.{budget.TOOLS}", "tools and agent budgets need an openai-kind provider"
+                exc.field, f"{exc.message} (for the fallback provider {name!r})"
+            ) from None
+    if budget.is_agent_run(values.params) and kind != "webhook":  # webhook params are opaque
+        if kind not in (None, *CHAT_KINDS):
+            raise ValidationError(
+                f"params.{budget.TOOLS}",
+                f"tools and agent budgets need a provider of kind {', '.join(CHAT_KINDS)}",
             )
         budget.validate(values.params, tools)
     system = values.params.get(openai.SYSTEM_PARAM)

@@ -82,8 +82,8 @@ SCHEDULE_FIELDS: dict[str, Schema] = {
     "output_schema": {
         "type": ["object", "null"],
         "description": "the JSON Schema every answer must match (an object at its root; at "
-        "most 16,384 bytes and 24 levels): openai-kind providers are asked for it as "
-        "structured output, the webhook provider is sent it, and an answer that does not "
+        "most 16,384 bytes and 24 levels): openai, anthropic and gemini providers are asked "
+        "for it as structured output, the webhook provider is sent it, and an answer that does not "
         "match is asked again once, then the run is dead (docs/monitors.md); null for none",
     },
     "give_up_after": {
