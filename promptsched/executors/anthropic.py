@@ -17,6 +17,8 @@ from typing import Any
 
 from promptsched.executors import agent, chat, http_client, structured
 from promptsched.executors.settings import DEFAULT_ANTHROPIC_VERSION, ProviderSettings
+
+__all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicExecutor", "generation_params"]
 from promptsched.monitor import schema as output_schema
 
 # Anthropic requires max_tokens; a schedule sets its own with --param max_tokens=N.
