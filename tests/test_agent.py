@@ -325,6 +325,6 @@ def test_agent_params_are_checked_when_a_schedule_is_saved(
     assert message is not None and message in raised.value.message
 
 
-def test_tools_need_an_openai_provider() -> None:
-    with pytest.raises(ValidationError, match="need an openai-kind provider"):
+def test_tools_need_an_llm_api_provider() -> None:
+    with pytest.raises(ValidationError, match="need a provider of kind openai, anthropic, gemini"):
         inputs.validate(_raw({"tools": ["rss"]}, "echo"), providers=KINDS, provider_kinds=KINDS)
