@@ -301,7 +301,7 @@ async def _exchange(
         if not 200 <= response.status < 300:
             delay = None
             if pushback.body_delay is not None:
-                delay = pushback.body_delay(body.decode(response.charset or "utf-8", "replace"))
+                delay = pushback.body_delay(storable.decode(body, response.charset))
             raise classify_status(
                 response.status, response.headers, body_excerpt(body), provider=provider,
                 pushback=pushback, body_delay=delay,
