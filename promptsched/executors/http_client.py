@@ -163,8 +163,8 @@ def classify_status(
     detail = f": {body_excerpt}" if body_excerpt else ""
     if status >= 500 or status in _RETRYABLE_4XX:
         retry_after = parse_retry_after(lowered.get("retry-after"), _reference_now(lowered, now))
-        if retry_after is None:
-            retry_after = body_delay
+        if retry_after is None and body_delay is not None:
+            retry_after = min(body_delay, MAX_RETRY_AFTER)
         if retry_after is not None:
             label += f" (retry after {seconds_text(retry_after)})"
         pace = ratelimit.pace_of(lowered, now)
