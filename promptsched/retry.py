@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
+MAX_RETRY_AFTER = 86_400.0  # a day: the longest wait a Retry-After is taken for
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -37,7 +39,8 @@ def decide(
     """``attempt`` counts from 1 (released attempts excluded); ``jitter`` is in [0, 1).
 
     Exponential backoff with "equal jitter" (half fixed, half random), so a rush of failures
-    spreads out; a provider's ``Retry-After`` is a floor the backoff never shortens.
+    spreads out; a provider's ``Retry-After`` is a floor the backoff never shortens, up to
+    MAX_RETRY_AFTER (it is written by whoever answered: no wait it asks for may overflow).
     """
     if not retryable or attempt >= policy.max_attempts:
         return RetryDecision(RetryAction.DEAD)
@@ -45,5 +48,5 @@ def decide(
     ceiling = min(policy.cap.total_seconds(), policy.base.total_seconds() * 2**exponent)
     delay = ceiling / 2 + ceiling / 2 * jitter
     if retry_after is not None:
-        delay = max(delay, retry_after)
+        delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
     return RetryDecision(RetryAction.RETRY, timedelta(seconds=delay))

@@ -18,7 +18,7 @@ import anyio
 import asyncpg
 import pytest
 
-from promptsched import netguard, storable
+from promptsched import netguard, retry, storable
 from promptsched.clock import Clock, FrozenClock
 from promptsched.config import NotifierSettings
 from promptsched.delivery.webhook import WebhookSender
@@ -376,6 +376,36 @@ def test_a_retry_after_no_run_could_wait_for_is_read_as_a_day() -> None:
     now = datetime(2026, 3, 2, tzinfo=UTC)
     for header in ("100000000000000000000", "Fri, 31 Dec 9999 23:59:59 GMT"):
         error = http_client.classify_status(429, {"Retry-After": header}, "", provider="p")
-        assert error.retry_after == http_client.MAX_RETRY_AFTER == 86_400
+        assert error.retry_after == retry.MAX_RETRY_AFTER == 86_400
         assert "(retry after 1d)" in error.message
     assert http_client.parse_retry_after("120", now) == 120
+
+
+async def test_a_receiver_asking_for_a_wait_no_clock_holds_delays_no_other_notification(
+    pool: asyncpg.Pool[Any], sink: HttpSink
+) -> None:
+    # One owner's webhook answers 503 with a Retry-After of 10^20 seconds; the notification of
+    # another owner in the same batch is sent, and this one waits a day, not forever (the wait
+    # once overflowed and failed the whole batch, whose claims then expired: sent twice).
+    allow = netguard.Allowlist.parse("127.0.0.1/32", variable=netguard.WEBHOOK_ALLOW)
+    clock = FrozenClock(factories.EPOCH)
+    for owner in ("alice", "bob"):
+        sid = await factories.schedule(pool, name=owner)
+        notify = notify_targets.validate_targets({"webhook": {"url": sink.url}}, allow=allow)
+        await pool.execute("UPDATE schedules SET notify = $2 WHERE id = $1", sid, notify)
+        await factories.pending_run(pool, sid)
+    assert await factories.worker_pool(pool, clock).run_once() == 2
+    sink.script(Reply(503, {"Retry-After": "100000000000000000000"}), Reply(200))
+    notifier = Notifier(
+        pool, clock, Metrics(), {"webhook": WebhookSender(allow=allow, timeout=5.0)},
+        NotifierSettings(lease=timedelta(seconds=60), timeout=timedelta(seconds=5),
+                         max_attempts=3, retry_base=timedelta(seconds=10),
+                         retry_max=timedelta(minutes=1)),
+    )  # fmt: skip
+    try:
+        assert await notifier.run_once() == {"sent": 1, "retry": 1}
+    finally:
+        await notifier.aclose()
+    rows = await pool.fetch("SELECT status, available_at FROM outbox ORDER BY status")
+    assert [row["status"] for row in rows] == ["pending", "sent"]
+    assert rows[0]["available_at"] - factories.EPOCH == timedelta(days=1)

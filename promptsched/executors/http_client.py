@@ -38,6 +38,7 @@ from promptsched import storable
 from promptsched.durations import format_duration
 from promptsched.errors import ExecutorError, PermanentError, RetryableError, Throttled
 from promptsched.executors import http_pool, ratelimit
+from promptsched.retry import MAX_RETRY_AFTER
 from promptsched.secret import Secret
 
 log = structlog.get_logger("http")
@@ -48,7 +49,6 @@ Session = aiohttp.ClientSession | http_pool.LazySession
 
 EXCERPT_CHARS = 300
 MAX_RESPONSE_BYTES = 10 * 1024 * 1024
-MAX_RETRY_AFTER = 86_400.0  # a day: the longest wait a provider's Retry-After is taken for
 _RETRYABLE_4XX = frozenset({408, 429})
 _SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _REASONS = {529: "Overloaded"}  # Anthropic's own status, not in the HTTP registry
