@@ -21,8 +21,10 @@ import asyncpg
 import pytest
 import structlog
 
+from promptsched import config as configuration
 from promptsched import logs, markup
 from promptsched.console import session
+from promptsched.ops import fleet
 from promptsched.web import auth, logins
 from tests.helpers import Service, wait_until
 
@@ -245,3 +247,23 @@ def test_libraries_never_log_at_debug(capfd: pytest.CaptureFixture[str]) -> None
         structlog.get_logger("promptsched").debug("ours.debug")
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line]
     assert [line.get("event") for line in lines] == ["a library's info line", "ours.debug"]
+
+
+def test_replicas_that_trust_other_proxies_or_bound_connections_otherwise_drift() -> None:
+    """What decides Secure cookies and the connection limits is published with the fleet's
+    configuration, so a replica set up otherwise shows as drift, naming the setting."""
+
+    def shared(**env: str) -> dict[str, Any]:
+        config = configuration.load({"HOME": "/nonexistent", **env})
+        return fleet.shared(config, {})
+
+    one = shared(PROMPTSCHED_TRUSTED_PROXIES="10.0.0.0/8")
+    assert one["trusted_proxies"] == ["10.0.0.0/8"]
+    assert one["http"] == {"idle_timeout": "75s", "header_timeout": "10s",
+                           "body_timeout": "1m", "max_connections": 4096}  # fmt: skip
+    other = shared(PROMPTSCHED_TRUSTED_PROXIES="10.0.0.1", PROMPTSCHED_HTTP_IDLE_TIMEOUT="30s")
+    assert fleet.fingerprint(one) != fleet.fingerprint(other)
+    assert fleet.differences(other, one) == [
+        'http.idle_timeout: "30s" (fleet: "75s")',
+        'trusted_proxies: ["10.0.0.1/32"] (fleet: ["10.0.0.0/8"])',
+    ]

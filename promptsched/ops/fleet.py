@@ -106,6 +106,13 @@ def shared(config: Config, providers: Mapping[str, ProviderSettings]) -> dict[st
         "notify": {"email": _email(config), "webhook": True, "slack": True, "discord": True,
                    "ntfy": True},
         "public_url": config.public_url,
+        "trusted_proxies": [str(network) for network in config.trusted_proxies],
+        "http": {
+            "idle_timeout": format_duration(config.http_idle_timeout),
+            "header_timeout": format_duration(config.http_header_timeout),
+            "body_timeout": format_duration(config.http_body_timeout),
+            "max_connections": config.http_max_connections,
+        },
         "prices": sorted(f"{p}:{m}" if m else p for p, m in config.prices.table),
         **{name: format_duration(getattr(config, name)) for name in _SHARED_DURATIONS},
         "notifier_max_attempts": config.notifier_max_attempts,
