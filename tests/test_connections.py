@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from promptsched import config as configuration
+from promptsched import errors
 from promptsched.api import protocol
 from promptsched.web import auth, logins
 from tests.helpers import Service, wait_until
@@ -359,3 +360,23 @@ def test_the_defaults_are_the_documented_ones() -> None:
     assert all(words in " ".join(text.split()) for words in said), said
     assert (logins.FREE, logins.FIRST, logins.LONGEST) == (5, 1.0, 60.0)
     assert (logins.FORGET, logins.CLIENTS) == (15 * 60, 10_000)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("PROMPTSCHED_HTTP_IDLE_TIMEOUT", "0", "between 100ms and 1h"),
+        ("PROMPTSCHED_HTTP_HEADER_TIMEOUT", "2h", "between 100ms and 1h"),
+        ("PROMPTSCHED_HTTP_BODY_TIMEOUT", "soon", "soon"),
+        ("PROMPTSCHED_HTTP_MAX_CONNECTIONS", "0", "between 1 and 1000000"),
+        ("PROMPTSCHED_HTTP_MAX_CONNECTIONS", "many", "whole number"),
+        ("PROMPTSCHED_TRUSTED_PROXIES", "proxy.internal", "is a host name"),
+        ("PROMPTSCHED_TRUSTED_PROXIES", "10.0.0.1/8", "did you mean 10.0.0.0/8"),
+    ],
+)
+def test_a_bad_limit_or_proxy_list_is_refused_naming_its_variable(
+    variable: str, value: str, said: str
+) -> None:
+    with pytest.raises(errors.ConfigError) as refused:
+        configuration.load({"HOME": "/nonexistent", variable: value})
+    assert variable in str(refused.value) and said in str(refused.value), str(refused.value)
