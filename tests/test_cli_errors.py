@@ -73,6 +73,7 @@ BROKEN: dict[str, tuple[str, ...]] = {
     "status": ("status", "--url", "ftp://nowhere.example", "--token", "pst_x"),
     "doctor": ("doctor", "--url", "ftp://nowhere.example", "--token", "pst_x"),
     "mcp": ("mcp", "--owner", "not an owner!"),
+    "healthcheck": ("healthcheck", "--timeout", "soon"),
 }
 
 

@@ -31,10 +31,11 @@ from tests.fakes import pages as site
 from tests.helpers import Service
 
 # Commands that never go through the API: the service itself, its schema, token management
-# (the API has no token endpoints) and the completion script; and `mcp`, a server of its own
-# whose remote mode tests/test_mcp_server.py drives with the MCP client.
+# (the API has no token endpoints) and the completion script; `mcp`, a server of its own
+# whose remote mode tests/test_mcp_server.py drives with the MCP client; and `healthcheck`,
+# which asks this machine's service itself (tests/test_healthcheck.py).
 LOCAL_ONLY = {"run", "migrate", "tokens create", "tokens list", "tokens revoke", "completion",
-              "mcp"}  # fmt: skip
+              "mcp", "healthcheck"}  # fmt: skip
 
 
 @dataclass
