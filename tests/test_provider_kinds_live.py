@@ -2,8 +2,9 @@
 through a real LiteLLM proxy's Anthropic-format and Gemini-format endpoints (tests/
 litellm_support.py) succeed with the mock text and the usage the proxy reported, priced; a
 refused key is dead after one attempt; a key limit's 429s kill no run; an ``anthropic``
-schedule falls back to ``openai``. A server of ours (tests/fakes/native_llm.py) sends what the
-proxy cannot: Gemini's ``RetryInfo`` and Anthropic's 529, which the worker treats as weather."""
+schedule falls back to ``openai``, and an ``openai`` one to ``anthropic``. A server of ours
+(tests/fakes/native_llm.py) sends what the proxy cannot: Gemini's ``RetryInfo`` and
+Anthropic's 529, which the worker treats as weather."""
 
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ async def test_runs_through_the_proxy_succeed_priced_die_on_a_refused_key_and_fa
         _provider("wrong", "anthropic", root, "sk-refused", "mock"),
         _provider("tiny", "anthropic", root, "sk-tiny", "mock"),
         _provider("gpt", "openai", proxy.base_url, "sk-free", "mock"),
+        _provider("gtiny", "openai", proxy.base_url, "sk-tiny", "mock"),
         PROMPTSCHED_PRICES=PRICES,
     )
     service = Service(dsn, tmp_path / "service.log", env=env, args=("--workers", "8"))
@@ -105,6 +107,8 @@ async def test_runs_through_the_proxy_succeed_priced_die_on_a_refused_key_and_fa
             [service], "promptsched_provider_fallbacks_total",
             from_provider="tiny", to_provider="gpt",
         )  # fmt: skip
+        back = await _burst(pool, "gtiny", 4, fallback=["claude"])  # and the other way
+        await _settled(pool, back, 4, timeout=60)
     finally:
         service.stop()
     for sid, kind, (price_in, price_out) in ((claude, "anthropic", (3, 15)),
@@ -131,6 +135,9 @@ async def test_runs_through_the_proxy_succeed_priced_die_on_a_refused_key_and_fa
     assert on_gpt and throttled and all(a["provider"] == "tiny" for a in throttled)
     assert moved == len(on_gpt)
     assert 429 in _answers(proxy, "/v1/messages")
+    assert await _statuses(pool, back) == {"succeeded": 4}
+    winners = [a for a in await _attempts(pool, back) if a["status"] == "succeeded"]
+    assert any(a["provider"] == "claude" for a in winners), winners
 
 
 async def test_a_key_limit_on_the_messages_endpoint_kills_no_run(
