@@ -28,10 +28,11 @@ from promptsched.executors.base import Step
 from promptsched.metrics import Metrics
 from promptsched.ops import notify_targets
 from promptsched.roles.notifier import Notifier
+from promptsched.roles.scheduler import Scheduler
 from promptsched.roles.worker.finalizer import Finalizer, Outcome, Refused
 from promptsched.roles.worker.transcript import AttemptLog
 from promptsched.store import queries
-from tests import factories
+from tests import api_support, factories
 from tests.api_support import Api
 from tests.console_support import console
 from tests.fakes.http_sink import HttpSink, Reply
@@ -409,3 +410,23 @@ async def test_a_receiver_asking_for_a_wait_no_clock_holds_delays_no_other_notif
     rows = await pool.fetch("SELECT status, available_at FROM outbox ORDER BY status")
     assert [row["status"] for row in rows] == ["pending", "sent"]
     assert rows[0]["available_at"] - factories.EPOCH == timedelta(days=1)
+
+
+async def test_a_followups_decision_spelling_a_nul_is_recorded_cleaned(
+    pool: asyncpg.Pool[Any],
+) -> None:
+    # The answer is storable text, but the JSON the decision is read from spells a NUL with
+    # an escape: the decision's error quotes it, and the check's record would refuse it.
+    at = datetime.fromisoformat("2026-03-02T09:00:20+00:00")
+    slot = datetime.fromisoformat("2026-03-02T09:15:00+00:00")
+    prompt = 'Has it shipped?\n```json\n{"recheck_in": "\\u0000 soon"}\n```'
+    async with api_support.client(pool, clock=FrozenClock(at)) as api:
+        who = await api.token("shop")
+        body = {"key": "k", "at": (at + timedelta(minutes=1)).isoformat(), "prompt": prompt}
+        assert (await api.post("/v1/followups", who, json=body)).status == 201
+        assert (await Scheduler(pool, FrozenClock(slot), Metrics()).run_once()).enqueued == 1
+        assert await factories.worker_pool(pool, FrozenClock(slot)).run_once() == 1
+        shown = (await api.get("/v1/followups/k", who)).body
+    [check] = shown["checks"]
+    assert (shown["ended_reason"], check["outcome"]) == ("invalid", "invalid")
+    assert check["decision"]["recheck_in"] == "\ufffd soon"

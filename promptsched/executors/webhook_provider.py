@@ -8,7 +8,7 @@ from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit
 
-from promptsched import netguard
+from promptsched import netguard, storable
 from promptsched.errors import ExecutorError, PermanentError
 from promptsched.executors import http_client, http_pool, structured
 from promptsched.executors.base import ExecutionRequest, ExecutionResult
@@ -56,7 +56,7 @@ def parse_reply(
     if structured_answer:
         return _structured_reply(text)
     try:
-        data = json.loads(text)
+        data = storable.clean(json.loads(text))  # a \u0000 or \ud800 escape read, and cleaned
     except ValueError:
         return ExecutionResult(output=text)
     if not isinstance(data, dict):
@@ -77,7 +77,7 @@ def parse_reply(
 
 def _structured_reply(text: str) -> ExecutionResult:
     try:
-        data = json.loads(text)
+        data = storable.clean(json.loads(text))
     except ValueError:
         return ExecutionResult(output=text)
     if not isinstance(data, dict):

@@ -258,7 +258,8 @@ class AttemptRunner:
         item = self._routed(item, provider)
         if row.followup_key is not None and isinstance(outcome, ExecutionResult):
             if item.status == RunStatus.SUCCEEDED:
-                found = decision.read(outcome.answer, outcome.output)
+                # read from storable text, yet a JSON escape in it may spell a NUL again
+                found = storable.clean(decision.read(outcome.answer, outcome.output))
                 item = dataclasses.replace(item, check={"decision": found})
         if item.status == RunStatus.CANCELLED:
             self._child(self.metrics.run_duration, provider, "cancelled").observe(duration)
