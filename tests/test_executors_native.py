@@ -24,7 +24,7 @@ from promptsched.executors.base import ExecutionRequest
 from promptsched.executors.chat import ChatExecutor
 from promptsched.executors.providers import build_executor
 from promptsched.executors.settings import ProviderSettings, parse_providers
-from promptsched.ops import inputs
+from promptsched.ops import inputs, probes
 from promptsched.secret import Secret
 from promptsched.tools.base import Tool
 from tests import litellm_support
@@ -154,6 +154,7 @@ async def test_doctor_asks_anthropic_for_its_models_with_the_key(root: str) -> N
     assert ok.ok and "/v1/models answered 200" in ok.message and "2 models" in ok.message
     wrong = await probe.probe(settings("anthropic", root, "sk-wrong"), netguard.NO_WEBHOOK_ALLOW)
     assert wrong.ok is False and wrong.status == 401 and "sk-wrong" not in wrong.message
+    assert wrong.key_refused
 
 
 # --- Anthropic: what the proxy cannot produce ----------------------------------------------------
@@ -474,7 +475,11 @@ async def test_doctor_asks_gemini_for_its_models_with_the_key(
     assert native.requests[-1].headers["x-goog-api-key"] == native.key
     wrong = await probe.probe(settings("gemini", native.base_url, "AIza-wrong"),
                               netguard.NO_WEBHOOK_ALLOW)  # fmt: skip
-    assert wrong.ok is False and "API key not valid" in wrong.message
+    assert wrong.ok is False and "API key not valid" in wrong.message and wrong.key_refused
+    # doctor's fix names the key's variable, not the base_url, for Gemini's 400 too
+    wrong_key = settings("gemini", native.base_url, "AIza-wrong")
+    (check,) = await probes.providers({"gemini": wrong_key}, netguard.NO_WEBHOOK_ALLOW)
+    assert check.status == "fail" and check.fix is not None and "TEST_KEY" in check.fix
     assert "AIza-wrong" not in wrong.message
 
 

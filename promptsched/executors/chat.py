@@ -135,6 +135,11 @@ class ChatExecutor:
     models_path: ClassVar[str] = "/models"
     models_field: ClassVar[str] = "data"
 
+    @staticmethod
+    def key_refused(status: int | None, message: str) -> bool:
+        """Whether an error answer means the key was refused (``doctor`` names its variable)."""
+        return status in (401, 403)
+
     def __init__(self, settings: ProviderSettings, tools: agent.ToolSource | None = None) -> None:
         if not settings.base_url:
             raise ValueError(f"provider {settings.name!r} has no base_url")

@@ -30,6 +30,7 @@ class Probed:
     ok: bool | None
     message: str
     status: int | None = None  # the HTTP status of a refusal
+    key_refused: bool = False  # the refusal was of the key (the API's way of saying so)
 
 
 async def probe(provider: ProviderSettings, webhook_allow: netguard.Allowlist) -> Probed:
@@ -54,7 +55,8 @@ async def _models(provider: ProviderSettings) -> Probed:
         )  # fmt: skip
     except ExecutorError as exc:
         error = http_client.redact_error(exc, provider.api_key)
-        return Probed(False, error.message, _status(error.message))
+        status = _status(error.message)
+        return Probed(False, error.message, status, kind.key_refused(status, error.message))
     finally:
         await session.close()
     try:

@@ -148,7 +148,7 @@ async def _moves(pool: asyncpg.Pool[Any]) -> bool:
 
 def _provider_fix(provider: ProviderSettings, found: provider_probe.Probed) -> str:
     skip = f"; {_var(provider.name, 'PROBE')}=false skips this check"
-    if found.status in (401, 403):
+    if found.status in (401, 403) or found.key_refused:
         if provider.api_key_env is None:
             return f"set {_var(provider.name, 'API_KEY_ENV')} to the variable holding its key"
         return f"put a key the provider accepts in {provider.api_key_env}{skip}"
