@@ -132,3 +132,21 @@ def test_a_database_in_the_old_place_is_moved_to_the_data_directory_once(
     assert not old.exists() and (target / "pgdata/PG_VERSION").exists()
     again = _cli("tokens", "list", home=home, cwd=cwd)
     assert again.returncode == 0 and "moved" not in again.stderr
+
+
+def test_schedules_add_on_a_fresh_home_creates_the_database_as_readme_says(
+    tmp_path: Path, home: Path
+) -> None:
+    """README: "`schedules add` and `tokens create` create the database there if there is
+    none"; the schedule is saved, and the answer says no replica runs it yet."""
+    cwd = _dir(tmp_path, "work")
+    done = _cli(
+        "schedules", "add", "--name", "hello", "--every", "1h", "--prompt", "hi",
+        home=home, cwd=cwd,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no embedded database" not in done.stderr
+    assert (home / ".local/share/promptsched/pgdata/PG_VERSION").exists()
+    listed = _cli("schedules", "list", "--json", home=home, cwd=cwd)
+    assert listed.returncode == 0, listed.stderr
+    assert [s["name"] for s in json.loads(listed.stdout)] == ["hello"]

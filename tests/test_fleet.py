@@ -174,6 +174,10 @@ def test_warnings_name_what_will_not_work_and_the_setting_that_fixes_it() -> Non
     mail = {"email": ["ops@example.com"]}
     email = fleet.email_warning(nothing, mail)
     assert email is not None and "PROMPTSCHED_SMTP_HOST" in email
+    assert email.startswith(
+        "email: no replica is running, and this environment cannot send mail (it has no "
+        "PROMPTSCHED_SMTP_HOST): the emails this schedule owes will not be sent"
+    ), email
     assert fleet.email_warning(nothing, {"webhook": {"url": "https://x.example"}}) is None
     cost = fleet.cost_warning(nothing, {"cost_per_day": 1}, "echo", "budget")
     assert cost is not None and "PROMPTSCHED_PRICES" in cost and "budget.cost_per_day" in cost

@@ -137,6 +137,36 @@ def test_a_schema_too_deep_is_refused() -> None:
         output_schema.check(deep)
 
 
+ANSWERS = [
+    ('Here is the status:\n```json\n{"status": "ok"}\n```\nAnything else?', {"status": "ok"}),
+    ('Two blocks:\n```json\n{"n": 1}\n```\nand\n```json\n{"n": 2}\n```', {"n": 1}),
+    ("Sure.\n```JSON\n[1, 2]\n```", [1, 2]),
+    ('```\n{"a": true}\n```', {"a": True}),
+    ('  {"a": "```json"}  ', {"a": "```json"}),
+]
+REFUSED = [
+    ("All good!", "the answer is not JSON: it is text, with no JSON object and no ```json block"),
+    ("", "the answer is not JSON: it is empty"),
+    ('{"a": 1,}', "the answer is not JSON: a key is not in double quotes at line 1, column 9"),
+    ('{"a" 1}', "the answer is not JSON: a colon is missing at line 1, column 6"),
+    ('Here:\n```json\n{"a": }\n```', "the answer's ```json block is not JSON: a value is missing "
+     "at line 1, column 7"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "data"), ANSWERS)
+def test_the_first_fenced_block_is_read_after_a_sentence(text: str, data: Any) -> None:
+    assert output_schema.read_answer(text) == data
+
+
+@pytest.mark.parametrize(("text", "said"), REFUSED)
+def test_an_answer_that_is_not_json_is_said_in_words(text: str, said: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        output_schema.read_answer(text)
+    assert str(caught.value) == said
+    assert "Expecting" not in said and "char" not in said
+
+
 def test_an_answer_is_read_and_checked_naming_the_failing_path() -> None:
     assert output_schema.check(STATUS) == STATUS
     assert output_schema.read_answer('```json\n{"status": "ok"}\n```') == {"status": "ok"}

@@ -24,6 +24,7 @@ from promptsched.cli import (
     fleet,
     followups,
     health,
+    helptext,
     mcp_server,
     notifications,
     runs,
@@ -74,7 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name not in ("run", "completion", "healthcheck"):
             for leaf in _leaves(command):
                 common.add_database_flags(leaf)
+    _explain(parser, "")
     return parser
+
+
+def _explain(parser: argparse.ArgumentParser, path: str) -> None:
+    """Every command's help: its description and example when it is an everyday one, and
+    words for the shared flags (cli/helptext.py)."""
+    helptext.explain(parser, path)
+    for name, child in completion.subcommands(parser).items():
+        _explain(child, f"{path} {name}".strip())
 
 
 def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

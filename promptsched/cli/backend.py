@@ -62,6 +62,10 @@ class Backend(Protocol):
     ) -> list[dict[str, Any]]: ...
     async def set_budget(self, owner: str | None, budget: dict[str, Any]) -> dict[str, Any]: ...
     async def status(self) -> dict[str, Any]: ...
+    async def idle(self) -> bool:
+        """No replica runs the worker role, so a pending run waits (direct mode; a service
+        answering the API is a replica, so remote mode says False)."""
+        ...
 
 
 Action = Callable[[Backend], Awaitable[int]]
@@ -102,7 +106,7 @@ def run(
                 return await action(backend)
 
         return common.run_async(over_http)
-    with common.database(config) as dsn:
+    with common.database(config, create=migrate_first) as dsn:
 
         async def over_db() -> int:
             async with direct.Direct(dsn, config, clock, migrate_first) as backend:

@@ -33,8 +33,24 @@ class Parser(argparse.ArgumentParser):
     help is), not with the whole usage block; its subcommands' parsers are Parsers too."""
 
     def error(self, message: str) -> NoReturn:
+        commands = self.commands()
+        if commands and "required: " in message and "COMMAND" in _plain(message):
+            width = max(len(name) for name, _ in commands)
+            listed = "".join(f"  {name.ljust(width)}  {words}\n" for name, words in commands)
+            self.exit(
+                EXIT_BAD_INPUT,
+                f"usage: {self.prog} COMMAND ...\n\ncommands:\n{listed}\n"
+                f"{self.prog} COMMAND --help says what each takes\n",
+            )
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_plain(message)}\n"
                                   f"  ({self.prog} --help says what it takes)\n")  # fmt: skip
+
+    def commands(self) -> list[tuple[str, str]]:
+        """This parser's subcommands with their one-line help, in the order they were added."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return [(a.dest, a.help or "") for a in action._choices_actions]
+        return []
 
 
 _COMMAND = re.compile(r"\b(?:\w+_)?command\b|\{[\w,-]+\}")

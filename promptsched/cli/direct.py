@@ -181,7 +181,12 @@ class DirectBackend:
         run = await schedule_ops.trigger_schedule(
             self.conn, self.clock, schedule_id, owner=None, actor=CLI_ACTOR
         )
-        return await run_ops.load_run(self.conn, run["id"], None)
+        data = await run_ops.load_run(self.conn, run["id"], None)
+        idle = [fleet.idle_words(run["id"])] if await self.idle() else []
+        return _warned(data, idle)
+
+    async def idle(self) -> bool:
+        return not await fleet.workers_running(self.conn, self.clock)
 
     async def backfill_schedule(self, schedule_id: int, start: str, end: str) -> dict[str, Any]:
         runs = await schedule_ops.backfill_schedule(

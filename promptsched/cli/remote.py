@@ -414,6 +414,9 @@ class RemoteBackend:
         data: dict[str, Any] = await self.call("GET", "/v1/status")
         return data
 
+    async def idle(self) -> bool:
+        return False  # the service answering is a running replica
+
     async def doctor(self) -> dict[str, Any]:
         data: dict[str, Any] = await self.call("GET", "/v1/doctor")
         return data

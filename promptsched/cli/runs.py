@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -17,8 +18,8 @@ from promptsched.errors import ValidationError
 from promptsched.human import runs as human_runs
 from promptsched.human import times
 from promptsched.monitor import changes
+from promptsched.ops import fleet, schemas
 from promptsched.ops import followups as followup_ops
-from promptsched.ops import schemas
 
 _COLUMNS = (
     ("ID", "id", 7),
@@ -170,6 +171,12 @@ def cmd_watch(args: argparse.Namespace, config: configuration.Config) -> int:
 
     async def action(api: Backend) -> int:
         status = "unknown"
+        if not args.wait and await api.idle():
+            run = await api.get_run(args.id)
+            if run["status"] in (RunStatus.PENDING, RunStatus.RUNNING):
+                print(f"promptsched: {fleet.idle_words(args.id)}; --wait watches it anyway",
+                      file=sys.stderr)  # fmt: skip
+                return 1
         async for kind, event in api.watch(args.id):
             if args.json:
                 if kind != "subscribed":
@@ -215,6 +222,11 @@ def register(sub: Any) -> None:
         cmd.add_argument("id", type=common.number("run id"))
         cmd.add_argument("--json", action="store_true")
         cmd.set_defaults(func=func)
+        if name == "watch":
+            cmd.add_argument(
+                "--wait", action="store_true",
+                help="watch even when no replica runs the worker role (it may start later)",
+            )  # fmt: skip
     diff = runs_sub.add_parser(
         "diff", help="what changed between two runs of a schedule (JSON paths or a text diff)"
     )

@@ -151,25 +151,36 @@ def fields(args: argparse.Namespace) -> dict[str, Any]:
 def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     """The schedule's fields, shared by ``add`` and ``edit`` (on edit every one is optional,
     and an empty --model/--jitter/--catchup-window clears it)."""
-    cmd.add_argument("--name", required=creating)
+    cmd.add_argument("--name", required=creating, help="the schedule's name, unique per owner")
     kind = cmd.add_mutually_exclusive_group(required=creating)
     kind.add_argument("--cron", help="5-field, or 6-field with seconds first")
     kind.add_argument("--rrule", help="RFC 5545 RRULE (with DTSTART)")
     kind.add_argument("--at", help="one-shot local ISO date-time")
     kind.add_argument("--every", help="interval such as 15m")
     cmd.add_argument("--tz", default="UTC" if creating else None, help="IANA time zone")
-    cmd.add_argument("--prompt", required=creating)
-    cmd.add_argument("--provider", default="echo" if creating else None)
-    cmd.add_argument("--model")
-    cmd.add_argument("--misfire", choices=inputs.MISFIRE_POLICIES)
+    cmd.add_argument(
+        "--prompt", required=creating,
+        help="what the model is asked; {{ variable }} tags are filled in each run (below)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--provider", default="echo" if creating else None,
+        help="the configured provider to ask" + (" (default: echo)" if creating else ""),
+    )  # fmt: skip
+    cmd.add_argument("--model", help="the provider's model (default: the provider's own)")
+    cmd.add_argument(
+        "--misfire", choices=inputs.MISFIRE_POLICIES,
+        help="slots missed while nothing ran: run_once (default), skip, or run_all",
+    )  # fmt: skip
     cmd.add_argument(
         "--misfire-cap", type=common.whole, metavar="N", help="most runs run_all makes"
     )
     cmd.add_argument("--misfire-grace", metavar="DUR", help="a slot this late is still on time")
     cmd.add_argument("--catchup-window", metavar="DUR", help="older slots are never run")
     cmd.add_argument("--overlap", help="skip, allow, buffer_one, buffer_all, cancel_other")
-    cmd.add_argument("--max-attempts", type=common.whole)
-    cmd.add_argument("--timeout", metavar="DUR")
+    cmd.add_argument(
+        "--max-attempts", type=common.whole, help="attempts before a run is dead (default 3)"
+    )
+    cmd.add_argument("--timeout", metavar="DUR", help="each attempt's limit, e.g. 5m (default)")
     cmd.add_argument(
         "--give-up-after",
         metavar="DUR",
@@ -184,9 +195,15 @@ def add_field_flags(cmd: argparse.ArgumentParser, *, creating: bool) -> None:
     )
     if not creating:
         cmd.add_argument("--no-fallback", action="store_true", help="remove every fallback")
-    cmd.add_argument("--jitter", metavar="DUR")
-    cmd.add_argument("--dst-gap", choices=("shift", "skip"))
-    cmd.add_argument("--dst-fold", choices=("first", "both"))
+    cmd.add_argument("--jitter", metavar="DUR", help="a random delay up to this, e.g. 30s")
+    cmd.add_argument(
+        "--dst-gap", choices=("shift", "skip"),
+        help="a local time the clocks skip: fire just after the gap (shift, default) or skip it",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--dst-fold", choices=("first", "both"),
+        help="a local time that happens twice: fire at its first pass (default) or at both",
+    )  # fmt: skip
     cmd.add_argument(
         "--pause-after-failures",
         type=common.whole,

@@ -168,6 +168,7 @@ def cmd_trigger(args: argparse.Namespace, config: configuration.Config) -> int:
     async def action(api: Backend) -> int:
         sid = await lookup.schedule_id(api, args.schedule)
         data = await api.trigger_schedule(sid)
+        render.warn(data)
         if args.json:
             print(json.dumps(data))
             return 0
@@ -271,7 +272,10 @@ def _register_add_edit(schedules_sub: Any) -> None:
     )
     edit.add_argument("schedule", help=SCHEDULE_HELP)
     schedule_flags.add_field_flags(edit, creating=False)
-    edit.add_argument("--unset-param", action="append", default=[], metavar="KEY")
+    edit.add_argument(
+        "--unset-param", action="append", default=[], metavar="KEY",
+        help="remove a provider param (repeatable)",
+    )  # fmt: skip
     edit.add_argument(
         "--version",
         type=common.whole,
@@ -300,7 +304,7 @@ def register(sub: Any) -> None:
         cmd.set_defaults(func=func)
         if name == "pause":
             cmd.add_argument("--until", help="ISO-8601 instant with offset: resume then")
-            cmd.add_argument("--reason")
+            cmd.add_argument("--reason", help="why, kept in the schedule's history")
         if name == "backfill":
             cmd.add_argument("--start", required=True, help="ISO-8601 with offset")
             cmd.add_argument("--end", required=True, help="ISO-8601 with offset")

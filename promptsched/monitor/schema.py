@@ -22,7 +22,19 @@ MAX_DEPTH = 24
 # A validation error quotes the answer; this much of it at most.
 MESSAGE_CHARS = 300
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
-_FENCED = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```\s*$", re.DOTALL)
+# The first fenced block, wherever it is: "Here is the status:\n```json\n{...}\n```".
+_FENCED = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.DOTALL | re.IGNORECASE)
+# json's own messages, in words a reader of a run's error knows
+_JSON_WORDS = {
+    "Expecting value": "a value is missing",
+    "Expecting ',' delimiter": "a comma is missing",
+    "Expecting ':' delimiter": "a colon is missing",
+    "Expecting property name enclosed in double quotes": "a key is not in double quotes",
+    "Unterminated string starting at": "a string is not closed",
+    "Extra data": "more text follows the JSON",
+    "Invalid control character at": "a string holds a raw line break or control character",
+    "Invalid \\escape": "a string holds an invalid backslash escape",
+}
 
 
 def pointer(path: Iterable[Any]) -> str:
@@ -134,16 +146,37 @@ def key(schema: Mapping[str, Any]) -> str:
 
 
 def read_answer(text: str) -> Any:
-    """The answer's JSON: the whole text, or the one fenced block it is made of. Raises
-    ``ValueError`` in our words when it is not JSON."""
+    """The answer's JSON: the whole text, else the first fenced block in it (a sentence may
+    come before it). Raises ``ValueError`` in our words when it is not JSON."""
     body = text.strip()
-    fenced = _FENCED.match(body)
-    if fenced is not None:
-        body = fenced.group(1).strip()
+    if not body:
+        raise ValueError("the answer is not JSON: it is empty")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise ValueError(f"the answer is not JSON ({_clip(str(exc))})") from None
+        whole = exc
+    fenced = _FENCED.search(body)
+    if fenced is None:
+        if body[:1] in ("{", "["):
+            raise ValueError(f"the answer is not JSON: {_json_words(whole)}") from None
+        raise ValueError(
+            "the answer is not JSON: it is text, with no JSON object and no ```json block"
+        ) from None
+    try:
+        return json.loads(fenced.group(1).strip())
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"the answer's ```json block is not JSON: {_json_words(exc)}") from None
+
+
+def _json_words(exc: BaseException) -> str:
+    """Why a text is not JSON, in words ("a comma is missing at line 3, column 9")."""
+    if isinstance(exc, RecursionError):
+        return "it nests too deeply"
+    if not isinstance(exc, json.JSONDecodeError):
+        return "it cannot be read"
+    words = next((w for m, w in _JSON_WORDS.items() if exc.msg.startswith(m)), None)
+    where = f"line {exc.lineno}, column {exc.colno}"
+    return f"{words} at {where}" if words else f"it cannot be read at {where}"
 
 
 def problem(schema: Mapping[str, Any], data: Any) -> str | None:

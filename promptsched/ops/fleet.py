@@ -287,6 +287,19 @@ async def alive(db: queries.DB, clock: Clock) -> list[Record]:
             if row["alive"]]  # fmt: skip
 
 
+async def workers_running(db: queries.DB, clock: Clock) -> bool:
+    """Whether a live replica runs the worker role: without one, a pending run waits."""
+    return any("worker" in (row["config"].get("roles") or []) for row in await alive(db, clock))
+
+
+def idle_words(run_id: int) -> str:
+    """What a run waits for when no replica runs the worker role."""
+    return (
+        f"no replica is running the worker role: run {run_id} waits as pending until one "
+        "starts (promptsched run)"
+    )
+
+
 async def view(db: queries.DB, clock: Clock, fallback: Callable[[], FleetView]) -> FleetView:
     """The running fleet's view: the configuration of ``leading``; ``fallback()`` when no
     replica is alive."""
@@ -304,10 +317,12 @@ def email_warning(view_: FleetView, notify: Mapping[str, Any] | None) -> str | N
     """The warning a schedule that emails gets when no replica can send mail."""
     if not notify or not notify.get("email") or view_.can_email:
         return None
-    where = "no running replica" if view_.source == "fleet" else "this environment"
+    if view_.source == "fleet":
+        who = "no running replica can send mail (none running the notifier role has"
+    else:
+        who = "no replica is running, and this environment cannot send mail (it has no"
     return (
-        f"email: {where} can send mail (no replica running the notifier role has "
-        "PROMPTSCHED_SMTP_HOST): the emails this schedule owes will not be sent; set "
+        f"email: {who} PROMPTSCHED_SMTP_HOST): the emails this schedule owes will not be sent; set "
         "PROMPTSCHED_SMTP_HOST (and PROMPTSCHED_SMTP_TLS) on the replicas and restart them"
     )
 
