@@ -122,7 +122,7 @@ def _raw_error(status: str, code: str, message: str) -> bytes:
 class Limits:
     """How long a connection may idle between requests, how long a request's headers (from its
     first byte) and then its body may take to arrive, and how many client connections may be
-    open at once (``cap``). Defaults: docs/deploying.md#connections."""
+    open at once (``cap``). Defaults: docs/deploying.md#connections-are-bounded."""
 
     idle: float = 75.0
     headers: float = 10.0
@@ -271,7 +271,8 @@ class Protocol(web.RequestHandler):
             message=f"the request's body did not arrive within {self._server.limits.body:g}s"
         )
         log.debug("api.request_timeout", phase="body", place=self._place)
-        self._server.timed_out("body")
+        if self._place == _SERVED:
+            self._server.timed_out("body")
         if any(queued is body for _, queued in self._messages):  # its handler has not started
             body.set_exception(late)
             self.force_close()
