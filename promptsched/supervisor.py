@@ -129,9 +129,14 @@ class Supervisor:
             statement_cache_size=config.database.statement_cache_size,
         )
         try:
-            async with pool.acquire() as conn:
+            # On a connection of its own, over the direct URL when the main one is a
+            # transaction pooler: a step outside a transaction holds a session lock.
+            conn = await pools.connect(self.config.database.direct_url or self.dsn)
+            try:
                 applied = await migrate.apply(conn)
                 await migrate.check(conn)
+            finally:
+                await conn.close()
             if applied:
                 log.info("migrations.applied", versions=applied)
             # Everything startup built so far lives as long as the process: no collection

@@ -66,6 +66,7 @@ def test_the_expected_files_exist() -> None:
         "ServiceMonitor",
         "PrometheusRule",
         "HorizontalPodAutoscaler",
+        "Job",
     }
     for name in ("Dockerfile", "compose.yaml", "prometheus.yml", "alerts.yml"):
         assert (DEPLOY / name).is_file(), name
@@ -133,6 +134,35 @@ def test_the_deployment_probes_drains_and_runs_unprivileged() -> None:
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert deployment["spec"]["replicas"] >= 2
+
+
+def test_the_schema_is_migrated_first_by_the_same_image() -> None:
+    """docs/deploying.md, "Upgrading": `promptsched migrate` before the new replicas, as the
+    Deployment's init container and as a Job of its own; same image, same database."""
+    pod = _manifest("Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    job = _manifest("Job")
+    (step,) = job["spec"]["template"]["spec"]["containers"]
+    for container in (init, step):
+        assert container["args"] == ["migrate"]
+        assert container["image"] == _container()["image"]
+        assert _check_config(_env(container)).database_url
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["metadata"]["name"].endswith(_container()["image"].rsplit(":", 1)[1])
+    # The Job's pod is no replica: the Service and the PodDisruptionBudget do not select it.
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    for kind in ("Service", "PodDisruptionBudget"):
+        spec = _manifest(kind)["spec"]
+        selector = spec.get("selector", {})
+        selector = selector.get("matchLabels", selector)
+        assert not selector.items() <= pod_labels.items(), kind
+    compose = _compose()
+    migrate = compose["services"]["migrate"]
+    assert migrate["command"] == ["migrate"] and migrate["restart"] == "no"
+    assert _check_config({k: str(v) for k, v in migrate["environment"].items()}).database_url
+    for replica in _replicas(compose).values():
+        assert replica["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
 
 
 def test_service_pdb_monitor_and_hpa_point_at_the_deployment() -> None:

@@ -73,7 +73,10 @@ def cmd_migrate(args: argparse.Namespace, config: configuration.Config) -> int:
         return 0
 
     with database(config, create=True) as dsn:
-        return run_async(lambda: with_conn(dsn, main))
+        # Over the direct URL when the main one is a transaction pooler: a step outside a
+        # transaction (CREATE INDEX CONCURRENTLY) holds a session lock.
+        direct = config.database.direct_url or dsn
+        return run_async(lambda: with_conn(direct, main))
 
 
 def cmd_preview(args: argparse.Namespace, config: configuration.Config) -> int:

@@ -45,6 +45,7 @@ log = structlog.get_logger("migrate")
 
 # Any constant shared by every replica; two replicas migrating at once serialize on it.
 _LOCK_KEY = 0x7072_6F6D_7074
+_STEP_LOCK_KEY = _LOCK_KEY + 1  # held by the one migrator running a step outside a transaction
 # The last schema version of releases that read only promptsched_migrations (0.1.0).
 LEGACY_LAST = 34
 LOCK_TIMEOUT = 1.0  # seconds a statement of a migration waits for a lock before it backs off
@@ -254,38 +255,59 @@ async def _apply_one(
     conn: Conn, migration: Migration, compat: int, opts: Options, restarts: int = 0
 ) -> bool:
     """Run the steps not done yet; False when another migrator finished it meanwhile."""
-    total = len(migration.steps)
     for number, step in enumerate(migration.steps, start=1):
         if step.mode == "transaction":
             work = functools.partial(_transaction_step, conn, migration, number, compat, step)
             if await _locked(conn, opts, migration.label, work) is None:
                 return False
             continue
-        done = await _steps_done(conn, migration.version)
-        if done is not None and done >= number:
-            if done >= total:
-                return False
-            continue
-        if step.mode == "batch":
-            await _batches(conn, migration, step, opts)
-        else:
-            try:
-                for statement in step.statements():
-                    alone = functools.partial(_alone, conn, statement, opts)
-                    await _retrying(opts, migration.label, alone)
-            except asyncpg.IntegrityConstraintViolationError:
-                # A unique index met rows the steps before it had put right, written again
-                # meanwhile (by an older release): those steps once more, then this one.
-                if restarts >= 3:
-                    raise
-                log.info("migrate.restarted", version=migration.version)
-                forget = functools.partial(_forget_steps, conn, migration.version)
-                await _locked(conn, opts, migration.label, forget)
-                return await _apply_one(conn, migration, compat, opts, restarts + 1)
-        record = functools.partial(_record, conn, migration, number, compat)
-        if not await _locked(conn, opts, migration.label, record):
-            return False  # another migrator finished it meanwhile
+        # One migrator at a time runs a step outside a transaction (a session lock: over a
+        # direct connection, as `promptsched migrate` and the service's start use).
+        await conn.execute("SELECT pg_advisory_lock($1)", _STEP_LOCK_KEY)
+        try:
+            outcome = await _outside(conn, migration, number, compat, step, opts, restarts)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _STEP_LOCK_KEY)
+        if outcome is not None:
+            return outcome
     return True
+
+
+async def _outside(
+    conn: Conn,
+    migration: Migration,
+    number: int,
+    compat: int,
+    step: Step,
+    opts: Options,
+    restarts: int,
+) -> bool | None:
+    """A step outside a transaction, unless another migrator did it; a result for the whole
+    migration when there is one to give (done elsewhere, or started over), else None."""
+    total = len(migration.steps)
+    done = await _steps_done(conn, migration.version)
+    if done is not None and done >= number:
+        return False if done >= total else None
+    if step.mode == "batch":
+        await _batches(conn, migration, step, opts)
+    else:
+        try:
+            for statement in step.statements():
+                alone = functools.partial(_alone, conn, statement, opts)
+                await _retrying(opts, migration.label, alone)
+        except asyncpg.IntegrityConstraintViolationError:
+            # A unique index met rows the steps before it had put right, written again
+            # meanwhile (by an older release): those steps once more, then this one.
+            if restarts >= 3:
+                raise
+            log.info("migrate.restarted", version=migration.version)
+            forget = functools.partial(_forget_steps, conn, migration.version)
+            await _locked(conn, opts, migration.label, forget)
+            return await _apply_one(conn, migration, compat, opts, restarts + 1)
+    record = functools.partial(_record, conn, migration, number, compat)
+    if not await _locked(conn, opts, migration.label, record):
+        return False  # another migrator finished it meanwhile
+    return None
 
 
 async def _forget_steps(conn: Conn, version: int) -> None:
@@ -428,7 +450,8 @@ _LOCK_RULES: tuple[tuple[str, str], ...] = (
      "SHARE"),
     (r"ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?(\w+)\s+VALIDATE\s+CONSTRAINT",
      "SHARE UPDATE EXCLUSIVE"),
-    (r"ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?(\w+)", "ACCESS EXCLUSIVE"),
+    (r"ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?(\w+)\b(?!\s+VALIDATE\b)",
+     "ACCESS EXCLUSIVE"),
     (r"REFERENCES\s+(\w+)", "SHARE ROW EXCLUSIVE"),
     (r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:CONSTRAINT\s+)?TRIGGER\s+\w+.*?\bON\s+(\w+)",
      "SHARE ROW EXCLUSIVE"),

@@ -11,11 +11,25 @@
 --
 -- Every way out of `running` (finish, retry, release, reap) already clears the lease; the
 -- new constraint makes it the rule, so a lease is also proof that the run is running.
+--
+-- Online (docs/deploying.md, "Upgrading"): the steps below leave the schema this file always
+-- made, without holding `runs` for the length of a scan. The clean-up takes only row locks; the
+-- constraint is added NOT VALID (a moment's ACCESS EXCLUSIVE) and validated apart (SHARE UPDATE
+-- EXCLUSIVE: the fleet reads and writes on); the index is built CONCURRENTLY under another name
+-- before the old one goes, so a lease is never without its index.
+-- promptsched: step
 UPDATE runs SET lease_expires_at = NULL
 WHERE status <> 'running' AND lease_expires_at IS NOT NULL;
 
+-- promptsched: step
 ALTER TABLE runs ADD CONSTRAINT runs_lease_only_while_running
-    CHECK (lease_expires_at IS NULL OR status = 'running');
+    CHECK (lease_expires_at IS NULL OR status = 'running') NOT VALID;
 
-DROP INDEX runs_lease_idx;
-CREATE INDEX runs_lease_idx ON runs (lease_expires_at) WHERE lease_expires_at IS NOT NULL;
+-- promptsched: step
+ALTER TABLE runs VALIDATE CONSTRAINT runs_lease_only_while_running;
+
+-- promptsched: step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS runs_lease_next_idx
+    ON runs (lease_expires_at) WHERE lease_expires_at IS NOT NULL;
+DROP INDEX CONCURRENTLY IF EXISTS runs_lease_idx;
+ALTER INDEX runs_lease_next_idx RENAME TO runs_lease_idx;
