@@ -125,10 +125,12 @@ class Finalizer:
                 isinstance(fate, Exception) for fate in fates.values()
             ):
                 self._metrics.final_write_seconds.observe(time.perf_counter() - started)
+        # A write whose statement the deadline cut is unknown; one whose statement ended is not
+        # (a batch written again in parts may be cut after some of them).
         late = TimeoutError(f"finalize batch took over {self.write_timeout:g}s")
         for index, (item, done) in enumerate(batch):
             try:
-                done(late if scope.cancelled_caught else fates.get(index, late))
+                done(fates.get(index, late))
             except Exception:  # a bug in one report must not stop the others' writes
                 log.exception("finalizer.report_failed", run_id=item.run_id)
 
