@@ -1,5 +1,6 @@
-"""Runs schedule math (parsing, previews, explanations, planning) in a worker thread with a
-deadline, so the one event loop that serves every role never waits on it.
+"""Runs schedule math (parsing, previews, explanations, planning) and the rendering of model
+output (Markdown to HTML or a chat dialect, sanitizing, comparing two answers) in a worker
+thread with a deadline, so the one event loop that serves every role never waits on it.
 
 The math itself is bounded (``schedule.limits``): each search for a fire time has a step
 budget and nothing is searched past 2200, so a thread finishes even when its caller stopped
@@ -7,6 +8,11 @@ waiting. One runs at a time per lane and event loop (others wait their turn, hol
 a CPU-bound thread competes with the loop for the GIL, which the loop then gets back within
 a switch interval (5 ms); with two such threads the loop's worst /healthz in a burst of
 hostile requests was three times longer (150 ms against 45 ms, tests/test_hostile_schedules.py).
+
+Rendering is bounded the same way: its callers cut an output to a prefix before it is parsed
+and compare two answers in bounded time (``monitor.changes``), so a thread whose caller
+stopped waiting still ends within seconds (a 60,000-character hostile Markdown text takes
+1.5 s; docs/reliability.md, "One answer never holds the loop").
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ DEADLINE = 10.0  # seconds, waiting for a thread included
 THREADS = 1
 T = TypeVar("T")
 # One lane for requests and one for the scheduler, so a burst of hostile previews never
-# queues the planning of due schedules behind it.
+# queues the planning of due schedules behind it; one for rendering output (notifications,
+# run pages, diffs), so a large answer never queues either behind it.
 _LANES = {
     "requests": RunVar[anyio.CapacityLimiter]("promptsched_math_requests"),
     "scheduler": RunVar[anyio.CapacityLimiter]("promptsched_math_scheduler"),
+    "render": RunVar[anyio.CapacityLimiter]("promptsched_render"),
 }
 
 

@@ -1,16 +1,26 @@
 """Delivery of owed notifications: the message every channel sends, the sender protocol, and
-the error that says whether trying again can help."""
+the error that says whether trying again can help.
+
+A message is made from an output of up to a provider's 10 MB without holding the event loop:
+each channel cuts the output to a prefix before its Markdown is read (what the message can
+show, and a little more), the comparison of two answers is bounded (``monitor.changes``), and
+the whole message is made in a worker thread with a deadline (``rendered``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from promptsched import budgets
+import structlog
+
+from promptsched import budgets, offload
 from promptsched.domain import OutboxEvent
 from promptsched.errors import PromptschedError
 from promptsched.human import followups as human_followups
@@ -20,6 +30,11 @@ from promptsched.secret import Secret
 
 # Outputs beyond this are cut (with a note) so one huge answer cannot clog a mailbox.
 MAX_TEXT_CHARS = 100_000
+# Seconds for making one message in a worker thread (its wait for the thread included); past
+# it the message is made again in plain form (``Notification.plain``) and sent.
+RENDER_DEADLINE = 5.0
+T = TypeVar("T")
+log = structlog.get_logger("delivery")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,9 @@ class Notification:
     previous_output: str | None = None  # a `changed` monitor: the run it was compared with
     previous_json: Any = None
     check: FollowupCheck | None = None  # a follow-up's run: where its chain stands
+    # Made without reading the output's Markdown or comparing answers: the message's rendering
+    # did not finish within RENDER_DEADLINE (``rendered``), so it is sent as plain text.
+    plain: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -310,10 +328,10 @@ def what_changed(notification: Notification) -> list[changes.Change] | list[str]
     when it was not compared (a first output, another condition, or that run is gone)."""
     found = decision(notification)
     n = notification
-    if found is None or found.get("when") != "changed" or "since" not in found:
+    if found is None or found.get("when") != "changed" or "since" not in found or n.plain:
         return None
     if n.output_json is not None and n.previous_json is not None:
-        return changes.json_changes(n.previous_json, n.output_json)[: changes.MAX_PATHS]
+        return changes.json_changes(n.previous_json, n.output_json, limit=changes.MAX_PATHS)
     if n.previous_output is None:
         return None
     lines = changes.text_diff(
@@ -337,12 +355,40 @@ def changes_json(notification: Notification) -> dict[str, Any] | None:
     return {"since_run": since, "diff": "\n".join(str(line) for line in found)}
 
 
-def output_text(notification: Notification, *, markdown: bool = True) -> str:
+def output_text(
+    notification: Notification, *, markdown: bool = True, limit: int = MAX_TEXT_CHARS
+) -> str:
     """The output as a message shows it: a structured answer as a readable list (Markdown, or
-    plain text), else the text."""
+    plain text; made only as far as ``limit`` characters), else the text."""
     if notification.output_json is not None:
-        return "\n".join(changes.readable(notification.output_json, bold=markdown))
+        return changes.readable_text(notification.output_json, bold=markdown, limit=limit)
     return notification.output or ""
+
+
+def prefix(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut at the last line end before ``limit`` (or at the limit in a long line),
+    and whether it was cut: what a channel reads as Markdown of an output too long to show."""
+    if len(text) <= limit:
+        return text, False
+    cut = text.rfind("\n", 0, limit)
+    return text[: cut if cut > 0 else limit], True
+
+
+async def rendered(build: Callable[[Notification], T], notification: Notification) -> T:
+    """``build(notification)`` (a channel's message, made from the output) in a worker thread
+    with a deadline (``offload``), so no output holds the event loop; past the deadline the
+    message is made again in plain form, which reads no Markdown and compares nothing."""
+    try:
+        return await offload.run(
+            functools.partial(build, notification),
+            field=None, deadline=RENDER_DEADLINE, lane="render",
+        )  # fmt: skip
+    except TimeoutError:
+        log.warning(
+            "notification.rendered_plain", notification_id=notification.id,
+            run_id=notification.run_id, channel=notification.channel, seconds=RENDER_DEADLINE,
+        )  # fmt: skip
+        return build(dataclasses.replace(notification, plain=True))
 
 
 def monitor_markdown(notification: Notification) -> str:

@@ -11,6 +11,9 @@ Limits used (from the services' documentation):
   title 256, all embeds of a message together 6,000, at most 10 embeds.
 - ntfy: a message body up to 4,096 bytes (a longer one becomes an attachment, or is refused
   where attachments are off), so the body is kept under it.
+
+Only a prefix of a long output is read (``SOURCE_CHARS``, cut at a line end), and each message
+is made off the event loop (``delivery.rendered``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from promptsched.delivery import (
     next_steps,
     outcome_words,
     output_text,
+    prefix,
+    rendered,
     report_lines,
     run_link,
     title,
@@ -46,6 +51,10 @@ DISCORD_OUTPUT_TOTAL = 5_000  # of the 6,000 all embeds may hold, leaving room f
 DISCORD_TITLE = 256
 NTFY_MAX_BYTES = 4096  # ntfy's message limit: a longer body becomes an attachment
 NTFY_BODY_BYTES = 3900  # the output's share of it, leaving room for the clip note
+# The Markdown read for one message at most: four times what the longest message shows
+# (Slack's 12,000 characters), so a message is as full as before and a 10 MB answer costs
+# what 50,000 characters do.
+SOURCE_CHARS = 50_000
 _AMBER = 0xF9A825
 _DISCORD_COLORS = {
     OutboxEvent.SUCCEEDED: 0x2E7D32,
@@ -61,15 +70,27 @@ _NTFY_TAGS = {
 }  # anything else: "x"
 
 
-def _body_text(notification: Notification) -> str:
-    """The Markdown the message carries: the output, or what to do next and the error."""
+def _body_text(notification: Notification) -> tuple[str, bool]:
+    """The Markdown the message carries (the output, or what to do next and the error), cut to
+    ``SOURCE_CHARS``, and whether it was cut."""
     n = notification
     if n.succeeded:
-        return (monitor_markdown(n) + output_text(n)) or "(no output)"
+        output, cut = prefix(output_text(n, limit=SOURCE_CHARS), SOURCE_CHARS)
+        return (monitor_markdown(n) + output) or "(no output)", cut
     if n.event in REPORTS:
-        return "\n".join([str(next_steps(n)), "", *report_lines(n)])
-    error = (n.error or "(no error recorded)").replace("```", "'''")
-    return f"{next_steps(n)}\n\n```\n{error}\n```"
+        return "\n".join([str(next_steps(n)), "", *report_lines(n)]), False
+    error, cut = prefix(n.error or "(no error recorded)", SOURCE_CHARS)
+    error = error.replace("```", "'''")
+    return f"{next_steps(n)}\n\n```\n{error}\n```", cut
+
+
+def _in_dialect(notification: Notification, dialect: dialects.Dialect) -> tuple[str, bool]:
+    """The message's text in the chat dialect (in plain form, escaped and not read as
+    Markdown), and whether the output was cut."""
+    text, cut = _body_text(notification)
+    if notification.plain:
+        return dialect.escape(text), cut
+    return dialects.render(text, dialect), cut
 
 
 def _clip_note(link: str | None, dialect: dialects.Dialect) -> str:
@@ -89,8 +110,9 @@ def slack_payload(notification: Notification, public_url: str | None) -> dict[st
         headline += " · " + dialects.SLACK.link(link, f"run #{n.run_id}")
     else:
         headline += f" · run #{n.run_id}"
-    rendered = dialects.render(_body_text(n), dialects.SLACK)
-    pieces, clipped = dialects.split(rendered, SLACK_SECTION, total=SLACK_OUTPUT_TOTAL)
+    text, cut = _in_dialect(n, dialects.SLACK)
+    pieces, clipped = dialects.split(text, SLACK_SECTION, total=SLACK_OUTPUT_TOTAL)
+    clipped = clipped or cut
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": headline[:SLACK_SECTION]}}
     ]
@@ -105,9 +127,9 @@ def slack_payload(notification: Notification, public_url: str | None) -> dict[st
 def discord_payload(notification: Notification, public_url: str | None) -> dict[str, Any]:
     n = notification
     link = run_link(public_url, n)
-    rendered = dialects.render(_body_text(n), dialects.DISCORD)
-    pieces, clipped = dialects.split(rendered, DISCORD_DESCRIPTION, total=DISCORD_OUTPUT_TOTAL)
-    if clipped:
+    text, cut = _in_dialect(n, dialects.DISCORD)
+    pieces, clipped = dialects.split(text, DISCORD_DESCRIPTION, total=DISCORD_OUTPUT_TOTAL)
+    if clipped or cut:
         pieces.append(_clip_note(link, dialects.DISCORD))
     heading = title(n)[:DISCORD_TITLE]
     color = _DISCORD_COLORS.get(n.event, 0xC62828)
@@ -140,10 +162,11 @@ def ntfy_message(
     """The body (Markdown, which ntfy renders) and headers of an ntfy publish."""
     n = notification
     link = run_link(public_url, n)
-    text = _body_text(n)
+    text, cut = _body_text(n)
     limit = NTFY_BODY_BYTES
     while True:  # characters are up to 4 bytes: shrink until the bytes fit
         pieces, clipped = dialects.split(text, limit, total=limit)
+        clipped = clipped or cut
         body = (pieces[0] if pieces else "") + (
             "\n\n" + _clip_note(link, dialects.NTFY) if clipped else ""
         )
@@ -186,7 +209,7 @@ class _ChatSender:
                 "(was the target removed?)",
                 retryable=False,
             )
-        body, own = self.message(notification)
+        body, own = await rendered(self.message, notification)
         headers = {
             **own,
             "User-Agent": "promptsched",

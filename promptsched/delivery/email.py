@@ -5,6 +5,7 @@ is ``multipart/alternative``: a plain-text part and an HTML part (``delivery/ema
 from __future__ import annotations
 
 import email.utils
+import functools
 import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -22,6 +23,7 @@ from promptsched.delivery import (
     next_steps,
     output_text,
     plain,
+    rendered,
     report_lines,
     run_link,
     title,
@@ -247,7 +249,7 @@ class EmailSender:
             raise DeliveryError(
                 "SMTP is not configured: set PROMPTSCHED_SMTP_HOST (then replay)", retryable=False
             )
-        message = build_message(notification, settings)
+        message = await rendered(functools.partial(build_message, settings=settings), notification)
         try:
             errors, _reply = await aiosmtplib.send(
                 message,

@@ -5,7 +5,8 @@ and a link to the run when ``PROMPTSCHED_PUBLIC_URL`` is set.
 
 A long output is cut in its Markdown source at a line end before rendering, so the HTML is
 always whole (the parser closes whatever block the cut left open), and a note with the link
-says where the rest is.
+says where the rest is. In plain form (``Notification.plain``) the cut source is shown as
+text, unread.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from promptsched.delivery import (
     next_steps,
     outcome_words,
     output_text,
+    prefix,
     report_lines,
     run_link,
 )
@@ -66,10 +68,7 @@ def styled(fragment: str) -> str:
 
 def clip_source(text: str, limit: int = MAX_SOURCE_CHARS) -> tuple[str, bool]:
     """``text`` cut at the last line end before ``limit`` (or at the limit in a long line)."""
-    if len(text) <= limit:
-        return text, False
-    cut = text.rfind("\n", 0, limit)
-    return text[: cut if cut > 0 else limit], True
+    return prefix(text, limit)
 
 
 def _esc(text: str) -> str:
@@ -101,10 +100,17 @@ def _content(n: Notification, link: str | None) -> str:
         error, clipped = clip_source(n.error or "(no error recorded)")
         more = "\n[… clipped]" if clipped else ""
         return steps + f'<pre style="{STYLES["pre"]}">{_esc(error + more)}</pre>'
+    # Only a prefix of the output is ever read, whatever its size.
+    output, cut = prefix(output_text(n, limit=MAX_SOURCE_CHARS), MAX_SOURCE_CHARS)
+    whole = monitor_markdown(n) + output
     limit = MAX_SOURCE_CHARS
     while True:  # at most a few rounds: each cuts the source to well under the last
-        source, clipped = clip_source(monitor_markdown(n) + output_text(n), limit)
-        rendered = styled(markup.render_markdown(source))
+        source, clipped = clip_source(whole, limit)
+        clipped = clipped or cut
+        if n.plain:
+            rendered = f'<pre style="{STYLES["pre"]}">{_esc(source)}</pre>'
+        else:
+            rendered = styled(markup.render_markdown(source))
         if len(rendered) <= MAX_HTML_CHARS or limit < 1000:
             break
         limit = int(len(source) * MAX_HTML_CHARS / len(rendered) * 0.9)

@@ -27,6 +27,7 @@ from promptsched.delivery import (
     changes_json,
     clip,
     decision,
+    rendered,
 )
 from promptsched.domain import OutboxEvent
 from promptsched.secret import Secret
@@ -72,6 +73,11 @@ def payload(notification: Notification) -> dict[str, Any]:
         # schedule.budget: {"scope", "period", "unit", "limit", "spent", "period_start", "key"}
         **({n.event: n.details} if n.event in REPORTS else {}),
     }
+
+
+def _body(notification: Notification) -> bytes:
+    """The request body (made off the event loop: ``delivery.rendered``)."""
+    return json.dumps(payload(notification), ensure_ascii=False).encode()
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -239,7 +245,7 @@ class WebhookSender:
                 "webhook: the schedule has no webhook secret any more (was the webhook removed?)",
                 retryable=False,
             )
-        body = json.dumps(payload(notification), ensure_ascii=False).encode()
+        body = await rendered(_body, notification)
         timestamp = int(self.now())
         headers = {
             "Content-Type": "application/json",
