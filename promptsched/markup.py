@@ -55,6 +55,16 @@ def render_markdown(text: str) -> str:
     return sanitize(_MD.render(text))
 
 
+def prefix(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut at the last line end before ``limit`` (or at the limit in a long line),
+    and whether it was cut: the part of a long output that is read as Markdown and shown (the
+    parser closes whatever block the cut left open, so the HTML is whole)."""
+    if len(text) <= limit:
+        return text, False
+    cut = text.rfind("\n", 0, limit)
+    return text[: cut if cut > 0 else limit], True
+
+
 def parse(text: str) -> list[Token]:
     """The token stream of a Markdown text, parsed exactly as ``render_markdown`` parses it
     (for renderers into other dialects, such as the chat channels' in ``delivery/dialects.py``)."""

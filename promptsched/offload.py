@@ -27,6 +27,7 @@ from anyio.lowlevel import RunVar
 from promptsched.errors import ValidationError
 
 DEADLINE = 10.0  # seconds, waiting for a thread included
+RENDER_DEADLINE = 5.0  # seconds for rendering one output (a message, a run page, a diff)
 THREADS = 1
 T = TypeVar("T")
 # One lane for requests and one for the scheduler, so a burst of hostile previews never
@@ -55,9 +56,11 @@ async def run(
     field: str | None = "expression",
     deadline: float = DEADLINE,
     lane: str = "requests",
+    what: str = "computing its fire times",
 ) -> T:
     """``fn()`` in a worker thread of ``lane``; after ``deadline`` a ValidationError naming
-    ``field`` (a TimeoutError when ``field`` is None: the caller's input is not to blame)."""
+    ``field`` and saying ``what`` took too long (a TimeoutError when ``field`` is None: the
+    caller's input is not to blame)."""
     limiter = _limiter(lane)
     try:
         with anyio.fail_after(deadline):
@@ -66,5 +69,5 @@ async def run(
         if field is None:
             raise
         raise ValidationError(
-            field, f"computing its fire times took longer than {deadline:g} s; try again later"
+            field, f"{what} took longer than {deadline:g} s; try again later"
         ) from None

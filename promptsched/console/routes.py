@@ -165,6 +165,7 @@ ROUTES: tuple[tuple[str, str, RawHandler, str], ...] = (
     ("POST", "/schedules/{id}/trigger", _page(actions.trigger, post=True), "console.trigger"),
     ("GET", "/runs/{id}", _page(runs.detail_page), "console.run"),
     ("GET", "/runs/{id}/events", _page(runs.events), "console.run_events"),
+    ("GET", "/runs/{id}/output", _page(runs.output), "console.run_output"),
     ("POST", "/runs/{id}/cancel", _page(actions.cancel, post=True), "console.cancel"),
     ("POST", "/runs/{id}/replay", _page(actions.replay, post=True), "console.replay"),
     ("GET", "/dead", _page(runs.dead_page), "console.dead"),

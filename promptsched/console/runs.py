@@ -1,8 +1,13 @@
 """Run pages: a run's history table, one run (attempts with timings, worker, error, output,
-notifications) and the dead letters (dead runs and dead notifications, with replay)."""
+notifications) and the dead letters (dead runs and dead notifications, with replay).
+
+A run's output can be up to a provider's 10 MB: its page shows the first ``EXCERPT_CHARS``
+characters (rendered from Markdown in a worker thread with a deadline) and links to the whole
+text (``/runs/{id}/output``, streamed), so no run page is more than about a megabyte."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +17,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 from aiohttp import web
 
-from promptsched import errors, markup
+from promptsched import errors, markup, offload
 from promptsched.console import layout, timefmt
 from promptsched.console.context import Ctx, NotFoundPage
 from promptsched.console.html import Markup, Template, join
@@ -22,7 +27,7 @@ from promptsched.human import text
 from promptsched.monitor import changes
 from promptsched.ops import lookups, notifications
 from promptsched.ops import runs as run_ops
-from promptsched.web import progress
+from promptsched.web import download, progress
 
 DEAD_PAGE = 25
 _DETAIL = Template("""<p class="subtitle">$status <span class="muted">of $schedule · $origin \
@@ -45,7 +50,13 @@ _LIVE = Template("""<section class="live" id="live" data-events="/runs/$id/event
 """)
 _WAITING = "Waiting for the next step; the steps appear here as they happen."
 _OUTPUT = Template("""<div class="output md">$html</div>
-<details><summary>As plain text</summary>$text</details>""")
+<details><summary>As plain text</summary>$text</details>$more""")
+# Of a long output, its page shows this many characters (rendered, and again as text: at most
+# about 600 kB of HTML even when every character is escaped); the rest is behind the link.
+EXCERPT_CHARS = 50_000
+DIFF_LINES = 500  # lines (or JSON paths) of what changed shown on a run's page
+_MORE = Template("""<p class="muted excerpt">Showing the first $shown of $total characters: \
+<a href="/runs/$id/output">the whole output</a> as plain text.</p>""")
 _TRANSCRIPT = Template("""<h3>Attempt $number · $status</h3>
 <ol class="steps">$steps</ol>
 """)
@@ -140,12 +151,34 @@ def _attempts(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Mark
     )
 
 
-def _output(text: str | None) -> Markup:
-    """The output rendered from its Markdown (sanitized), with the text as it came."""
+async def _output(rid: int, text: str | None) -> Markup:
+    """The output rendered from its Markdown (sanitized), with the text as it came; of a long
+    output, its first ``EXCERPT_CHARS`` characters and a link to the whole. The Markdown is
+    read in a worker thread with a deadline (past it, the text alone is shown)."""
     if text is None:
         return _EMPTY(text="No output.")
-    html = markup.render_markdown(text)
-    return _OUTPUT(html=Markup(html), text=_PRE(text=text, cls="output"))
+    shown, cut = markup.prefix(text, EXCERPT_CHARS)
+    try:
+        render = functools.partial(markup.render_markdown, shown)
+        html = Markup(
+            await offload.run(render, field=None, deadline=offload.RENDER_DEADLINE, lane="render")
+        )
+    except TimeoutError:
+        html = _PRE(text=shown, cls="output")
+    more = _MORE(shown=f"{len(shown):,}", total=f"{len(text):,}", id=rid) if cut else ""
+    return _OUTPUT(html=html, text=_PRE(text=shown, cls="output"), more=more)
+
+
+def _json_excerpt(data: Any) -> str:
+    """A structured answer as indented JSON, written only as far as ``EXCERPT_CHARS``."""
+    parts: list[str] = []
+    used = 0
+    for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(data):
+        parts.append(chunk)
+        used += len(chunk)
+        if used > EXCERPT_CHARS:
+            return "".join(parts)[:EXCERPT_CHARS] + "\n… (cut here: the whole answer is the output)"
+    return "".join(parts)
 
 
 def _usage(usage: dict[str, Any] | None) -> str:
@@ -224,6 +257,16 @@ async def events(ctx: Ctx) -> web.StreamResponse:
         raise NotFoundPage() from None
 
 
+async def output(ctx: Ctx) -> web.StreamResponse:
+    """The run's whole output as plain text, streamed (the run page links here)."""
+    rid = ctx.path_id()
+    try:
+        text = await lookups.run_output(ctx.deps.pool, rid, ctx.scope)
+    except errors.NotFound:
+        raise NotFoundPage() from None
+    return await download.stream_text(ctx.request, text, filename=f"run-{rid}-output.txt")
+
+
 def _sent(items: list[dict[str, object]]) -> Markup:
     if not items:
         return _EMPTY(text="None owed.")
@@ -256,9 +299,11 @@ async def _monitor_facts(ctx: Ctx, row: asyncpg.Record) -> list[tuple[str, objec
                 found = None
             if found is not None and found["changed"]:
                 lines = found.get("diff") or [changes.line_of(p) for p in found.get("paths", [])]
-                facts.append(("What changed", _PRE(text="\n".join(lines), cls="diff")))
+                more = len(lines) - DIFF_LINES
+                shown = lines[:DIFF_LINES] + ([f"… ({more} more lines)"] if more > 0 else [])
+                facts.append(("What changed", _PRE(text="\n".join(shown), cls="diff")))
     if row["output_json"] is not None:
-        text_json = json.dumps(row["output_json"], indent=2, ensure_ascii=False)
+        text_json = _json_excerpt(row["output_json"])
         facts.append(("Answer (JSON)", _PRE(text=text_json, cls="json")))
     return facts
 
@@ -317,7 +362,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         facts=join(_DL_ROW(term=t, value=v) for t, v in facts),
         live=_live(rid, attempts) if not RunStatus(row["status"]).finished else "",
         error=_ERROR(text=row["error"]) if row["error"] else "",
-        output=_output(row["output"]),
+        output=await _output(rid, row["output"]),
         attempts=_attempts(ctx, attempts, where),
         transcripts=_transcripts(attempts),
         sent=_sent(sent),

@@ -32,7 +32,7 @@ from promptsched.secret import Secret
 MAX_TEXT_CHARS = 100_000
 # Seconds for making one message in a worker thread (its wait for the thread included); past
 # it the message is made again in plain form (``Notification.plain``) and sent.
-RENDER_DEADLINE = 5.0
+RENDER_DEADLINE = offload.RENDER_DEADLINE
 T = TypeVar("T")
 log = structlog.get_logger("delivery")
 
@@ -363,15 +363,6 @@ def output_text(
     if notification.output_json is not None:
         return changes.readable_text(notification.output_json, bold=markdown, limit=limit)
     return notification.output or ""
-
-
-def prefix(text: str, limit: int) -> tuple[str, bool]:
-    """``text`` cut at the last line end before ``limit`` (or at the limit in a long line),
-    and whether it was cut: what a channel reads as Markdown of an output too long to show."""
-    if len(text) <= limit:
-        return text, False
-    cut = text.rfind("\n", 0, limit)
-    return text[: cut if cut > 0 else limit], True
 
 
 async def rendered(build: Callable[[Notification], T], notification: Notification) -> T:

@@ -32,7 +32,6 @@ from promptsched.delivery import (
     next_steps,
     outcome_words,
     output_text,
-    prefix,
     rendered,
     report_lines,
     run_link,
@@ -40,6 +39,7 @@ from promptsched.delivery import (
 )
 from promptsched.delivery.webhook import GuardedPoster
 from promptsched.domain import OutboxEvent
+from promptsched.markup import prefix
 
 # An answer that sending again cannot change: a malformed payload, a revoked or unknown hook.
 _PERMANENT = frozenset({400, 401, 403, 404})

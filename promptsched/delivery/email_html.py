@@ -22,7 +22,6 @@ from promptsched.delivery import (
     next_steps,
     outcome_words,
     output_text,
-    prefix,
     report_lines,
     run_link,
 )
@@ -68,7 +67,7 @@ def styled(fragment: str) -> str:
 
 def clip_source(text: str, limit: int = MAX_SOURCE_CHARS) -> tuple[str, bool]:
     """``text`` cut at the last line end before ``limit`` (or at the limit in a long line)."""
-    return prefix(text, limit)
+    return markup.prefix(text, limit)
 
 
 def _esc(text: str) -> str:
@@ -101,7 +100,7 @@ def _content(n: Notification, link: str | None) -> str:
         more = "\n[… clipped]" if clipped else ""
         return steps + f'<pre style="{STYLES["pre"]}">{_esc(error + more)}</pre>'
     # Only a prefix of the output is ever read, whatever its size.
-    output, cut = prefix(output_text(n, limit=MAX_SOURCE_CHARS), MAX_SOURCE_CHARS)
+    output, cut = markup.prefix(output_text(n, limit=MAX_SOURCE_CHARS), MAX_SOURCE_CHARS)
     whole = monitor_markdown(n) + output
     limit = MAX_SOURCE_CHARS
     while True:  # at most a few rounds: each cuts the source to well under the last

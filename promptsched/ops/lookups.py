@@ -14,7 +14,7 @@ from asyncpg import Record
 
 from promptsched.clock import Clock
 from promptsched.domain import Schedule
-from promptsched.errors import NotFound
+from promptsched.errors import NotFound, StateConflict
 from promptsched.ops import notifications
 from promptsched.store import migrate, queries
 from promptsched.store import pool as pools
@@ -98,6 +98,18 @@ async def run_parts(db: DB, run_id: int, owner: str | None) -> RunParts:
     replay = await queries.run_get_replay(db, run_id)
     sent = await notifications.list_run_notifications(db, run_id, owner)
     return RunParts(row, attempts, replay, sent)
+
+
+async def run_output(db: DB, run_id: int, owner: str | None) -> str:
+    """The run's whole output; NotFound unless the run exists and is the owner's,
+    StateConflict when it has no output (not finished, or it failed)."""
+    row = await queries.run_output(db, run_id, owner)
+    if row is None:
+        raise NotFound("run", run_id)
+    if row["output"] is None:
+        raise StateConflict(f"run {run_id} has no output ({row['status']})")
+    output: str = row["output"]
+    return output
 
 
 async def dead_runs_page(

@@ -3,10 +3,12 @@ changed between two runs of a schedule."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import asyncpg
 
+from promptsched import offload
 from promptsched.clock import Clock
 from promptsched.domain import RunOrigin, RunStatus
 from promptsched.errors import NotFound, StateConflict, ValidationError
@@ -63,6 +65,9 @@ async def load_run(db: queries.DB, run_id: int, owner: str | None) -> dict[str, 
     return views.run_detail(parts.row, parts.attempts, parts.replay, parts.sent)
 
 
+_COMPARING = "comparing the two outputs"
+
+
 async def diff_runs(
     db: queries.DB, run_id: int, other_id: int, owner: str | None
 ) -> dict[str, Any]:
@@ -86,10 +91,16 @@ async def diff_runs(
             f"{old['schedule_id']}: compare two runs of one schedule",
         )  # fmt: skip
     out: dict[str, Any] = {"schedule_id": old["schedule_id"], "a": run_id, "b": other_id}
+    # Outputs of up to 10 MB are compared in a worker thread (bounded, but seconds at worst).
     if old["output_json"] is not None and new["output_json"] is not None:
-        paths = changes.json_changes(old["output_json"], new["output_json"])
+        compare = functools.partial(changes.json_changes, old["output_json"], new["output_json"])
+        paths = await offload.run(compare, field="b", lane="render", what=_COMPARING)
         return {**out, "kind": "json", "changed": bool(paths), "paths": [c.json() for c in paths]}
-    lines = changes.text_diff(
-        old["output"], new["output"], old_name=f"run {run_id}", new_name=f"run {other_id}"
-    )
+    lines = await offload.run(
+        functools.partial(
+            changes.text_diff, old["output"], new["output"],
+            old_name=f"run {run_id}", new_name=f"run {other_id}",
+        ),
+        field="b", lane="render", what=_COMPARING,
+    )  # fmt: skip
     return {**out, "kind": "text", "changed": bool(lines), "diff": lines}

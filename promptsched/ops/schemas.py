@@ -400,6 +400,10 @@ COMPONENTS: dict[str, Schema] = {
         ("schedule_id", "a", "b", "kind", "changed"),
     ),
     "RunPage": _page("Run"),
+    "RunOutput": {
+        "type": "string",
+        "description": "a run's output as the provider answered it (text/plain, UTF-8)",
+    },
     "Attempt": _ATTEMPT,
     "Change": _CHANGE,
     "Notification": _obj(_NOTIFICATION, _NOTIFICATION_REQUIRED),

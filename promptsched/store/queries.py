@@ -745,6 +745,10 @@ async def run_get(db: DB, run_id: int, owner: str | None) -> Record | None:
     return await db.fetchrow(_Q["run_get"], run_id, owner)
 
 
+async def run_output(db: DB, run_id: int, owner: str | None) -> Record | None:
+    return await db.fetchrow(_Q["run_output"], run_id, owner)
+
+
 async def run_attempts_list(db: DB, run_id: int) -> list[Record]:
     return await db.fetch(_Q["run_attempts_list"], run_id)
 

@@ -1,5 +1,6 @@
 """Runs: list (overall and per schedule, by status, newest first), one run with its attempts,
-cancel (pending at once, running cooperatively), and replay of a dead run."""
+its whole output (streamed), cancel (pending at once, running cooperatively), and replay of a
+dead run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from promptsched.api.http import CURSOR, ID_PARAM, LIMIT, Call, Operation, Param
 from promptsched.domain import RunStatus
 from promptsched.ops import lookups, schemas, views
 from promptsched.ops import runs as run_ops
+from promptsched.web import download
 
 STATUS = Param("status", "query", {"type": "string", "enum": list(schemas.RUN_STATUSES)})
 
@@ -39,6 +41,12 @@ async def list_for_schedule(call: Call) -> web.StreamResponse:
 
 async def get(call: Call) -> web.StreamResponse:
     return json_reply(await run_ops.load_run(call.deps.pool, call.params["id"], call.scope))
+
+
+async def output(call: Call) -> web.StreamResponse:
+    rid: int = call.params["id"]
+    text = await lookups.run_output(call.deps.pool, rid, call.scope)
+    return await download.stream_text(call.request, text, filename=f"run-{rid}-output.txt")
 
 
 async def diff(call: Call) -> web.StreamResponse:
@@ -84,6 +92,20 @@ OPERATIONS = (
         {"200": Reply("the run: output, error, skip reason and every attempt", "RunDetail"),
          "404": _MISSING},
         params=(ID_PARAM,),
+    ),
+    Operation(
+        "GET", "/v1/runs/{id}/output", output, "getRunOutput",
+        "Get a run's whole output (streamed)", "runs",
+        {"200": Reply("the output as the provider answered it, whole (up to the provider "
+                      "cap of 10 MB), as UTF-8 text sent in pieces with its Content-Length",
+                      "RunOutput", media="text/plain"),
+         "404": _MISSING,
+         "409": Reply("the run has no output (not finished, or it failed)", "Error")},
+        params=(ID_PARAM,),
+        description="The run's output in GET /v1/runs/{id} and on the console's run page can "
+        "be long; this is the same text without JSON around it, for downloading or piping. "
+        "The console's run page shows a bounded excerpt of a long output and links here "
+        "(its own /runs/{id}/output, by session).",
     ),
     Operation(
         "GET", "/v1/runs/{id}/diff/{other}", diff, "diffRuns",

@@ -498,6 +498,11 @@ LIMIT $5;
 SELECT r.* FROM runs r JOIN schedules s ON s.id = r.schedule_id
 WHERE r.id = $1 AND ($2::text IS NULL OR s.owner = $2);
 
+-- name: run_output
+-- A run's whole output and its status, owner-scoped as run_get (GET /v1/runs/{id}/output).
+SELECT r.output, r.status FROM runs r JOIN schedules s ON s.id = r.schedule_id
+WHERE r.id = $1 AND ($2::text IS NULL OR s.owner = $2);
+
 -- name: run_attempts_list
 SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number;
 
