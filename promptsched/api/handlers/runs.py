@@ -44,6 +44,7 @@ async def get(call: Call) -> web.StreamResponse:
 
 
 async def output(call: Call) -> web.StreamResponse:
+    assert call.request is not None, "a stream answers an HTTP request"
     rid: int = call.params["id"]
     text = await lookups.run_output(call.deps.pool, rid, call.scope)
     return await download.stream_text(call.request, text, filename=f"run-{rid}-output.txt")
