@@ -8,6 +8,7 @@ compared in bounded time, exactly as before for small ones."""
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import random
 import time
@@ -28,6 +29,7 @@ from tests import factories
 from tests.api_support import Api
 from tests.console_support import Console, console
 
+_NAMES = itertools.count(1)
 LONG = "".join(f"line {i}: **bold** and [a link](https://example.com/{i})\n" for i in range(6000))
 
 
@@ -40,7 +42,7 @@ async def ui(pool: asyncpg.Pool[Any]) -> AsyncIterator[Console]:
 async def _run(pool: asyncpg.Pool[Any], owner: str, output: str | None) -> int:
     """A run of ``owner``'s, finished by the echo provider, with ``output`` stored as its
     answer (None: a run still pending)."""
-    sid = await factories.schedule(pool)
+    sid = await factories.schedule(pool, name=f"output {next(_NAMES)}")
     await pool.execute("UPDATE schedules SET owner = $2 WHERE id = $1", sid, owner)
     rid = await factories.pending_run(pool, sid, await pool.fetchval("SELECT now()"), "manual")
     if output is None:
