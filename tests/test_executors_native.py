@@ -313,6 +313,27 @@ async def test_an_anthropic_agent_run_calls_our_tool_through_tool_use(
     assert result.usage is not None and result.usage["steps"] == 2
 
 
+async def test_an_anthropic_agent_run_with_a_schema_ends_with_the_answer_tool(
+    native: native_llm.NativeLLM,
+) -> None:
+    """Among the agent's tools, the answer tool is offered with tool_choice "any": the model
+    calls tools until it calls the answer tool, whose input is the checked answer."""
+    tides = _Tides()
+    native.script(
+        native_llm.anthropic_tool_use("tides__today", {"harbour": "Brest"}),
+        native_llm.anthropic_tool_use("Weather_report", {"city": "Brest", "rain": False}),
+    )
+    provider = settings("anthropic", native.base_url, native.key)
+    async with aclosing(executor(provider, _Tools(tides))) as running:
+        result = await running.execute(
+            request(params={"tools": ["tides.today"]}, output_schema=SCHEMA, timeout=20)
+        )
+    assert result.data == {"city": "Brest", "rain": False} and len(tides.calls) == 1
+    for sent in (r.json for r in native.requests):
+        assert sent["tool_choice"] == {"type": "any"}
+        assert [tool["name"] for tool in sent["tools"]] == ["tides__today", "Weather_report"]
+
+
 # --- Gemini: what the proxy cannot produce -------------------------------------------------------
 
 
