@@ -163,3 +163,27 @@ async def _wait_done(load: Load, more: int) -> None:
         return load.done >= target
 
     await wait_until(enough, timeout=60, what=f"{more} more requests")
+
+
+async def test_a_roles_tick_that_met_a_stale_statement_runs_again_at_once() -> None:
+    """The roles' loop (roles/loop.py) is the owner of each tick's transactions: a tick whose
+    transaction met a statement a schema change made stale runs again at once, and no
+    role error is counted or logged; any other error still is."""
+    from promptsched.metrics import Metrics
+    from promptsched.roles.loop import Wakeup, run_forever
+
+    metrics = Metrics()
+    calls: list[str] = []
+
+    async def tick() -> float:
+        calls.append("tick")
+        if len(calls) == 1:
+            raise asyncpg.InvalidCachedStatementError("cached statement plan is invalid")
+        if len(calls) == 3:
+            raise ValueError("a bug")
+        return 0.0
+
+    await run_forever("probe", tick, Wakeup(), metrics, stopping=lambda: len(calls) >= 4)
+    assert calls == ["tick"] * 4
+    errors = metrics.registry.get_sample_value("promptsched_role_errors_total", {"role": "probe"})
+    assert errors == 1.0  # the ValueError only
