@@ -291,15 +291,22 @@ async def test_doctor_exits_0_on_a_healthy_setup_and_1_when_broken_directly_and_
         assert done.returncode == 0, done.stdout + done.stderr
         lines = done.stdout.splitlines()
         assert lines[-1] == "nothing is broken"
-        assert all(line.split()[0] in ("ok", "skip", "warn") for line in lines[:-1]), done.stdout
+        assert "FAIL" not in done.stdout, done.stdout
         for name in ("database", "clock", "statements", "pooler", "provider shop", "smtp",
-                     "public_url", "fleet"):  # fmt: skip
+                     "fleet"):  # fmt: skip
             assert any(line.startswith(f"ok    {name}:") for line in lines), (name, done.stdout)
+        # this shell's own settings, apart: they only matter to commands run here
+        for name in ("provider shop", "smtp", "public_url"):
+            assert any(line.startswith(f"  ok    {name}:") for line in lines), (name, done.stdout)
+        # this shell's SMTP broken, the service's fine: said, and the verdict is the service's
         starttls = {**env, "PROMPTSCHED_SMTP_TLS": "starttls"}
-        broken = await _cli("doctor", "--json", dsn=dsn, env=starttls, cwd=tmp_path)
-        assert broken.returncode == 1
-        verdicts = {c["name"]: c for c in json.loads(broken.stdout)["checks"]}
-        assert verdicts["smtp"]["status"] == "fail"
+        shell = await _cli("doctor", "--json", dsn=dsn, env=starttls, cwd=tmp_path)
+        assert shell.returncode == 0, shell.stdout
+        found = json.loads(shell.stdout)
+        verdicts = {c["name"]: c for c in [*found["checks"], *found["shell"]]}
+        assert verdicts["smtp"]["status"] == "ok"
+        assert verdicts["this shell: smtp"]["status"] == "warn"
+        assert "STARTTLS" in verdicts["this shell: smtp"]["message"]
         assert verdicts["fleet"]["status"] == "warn"  # this shell now differs from the service
         # Remote: the replica checks its own configuration (an admin token).
         conn = await asyncpg.connect(dsn)
@@ -313,3 +320,44 @@ async def test_doctor_exits_0_on_a_healthy_setup_and_1_when_broken_directly_and_
         assert {c["name"] for c in json.loads(far.stdout)["checks"]} >= {"smtp", "provider shop"}
     finally:
         service.stop()
+
+
+# --- direct mode with replicas running ---------------------------------------------------------
+
+
+async def test_direct_doctor_judges_the_service_by_its_replicas_and_this_shell_apart(
+    dsn: str, pool: asyncpg.Pool[Any]
+) -> None:
+    """README's second terminal has no SMTP variables while the running service mails: doctor
+    says the service can mail (what its replicas publish), its providers, and reports this
+    shell's settings apart, outside the verdict; with replicas that cannot mail, it is broken
+    whatever this shell has."""
+    from promptsched.clock import Clock
+    from tests.test_fleet import BASE_ENV, _presence, _published
+
+    await notified_schedule(pool, email=["ops@example.com"])
+    mailing = _presence(pool, Clock(), "mailing", _published(BASE_ENV))
+    await mailing.run_once()
+    done = await _cli("doctor", dsn=dsn, env=HOME)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("ok    smtp: a running replica") for line in lines), done.stdout
+    assert any(line.startswith("ok    provider shopcheck: the running replicas have it")
+               for line in lines), done.stdout  # fmt: skip
+    assert "this shell's own settings (they only matter to commands run here):" in done.stdout
+    assert "  skip  smtp: not configured" in done.stdout
+    assert lines[-1] == "nothing is broken"
+    data = json.loads((await _cli("doctor", "--json", dsn=dsn, env=HOME)).stdout)
+    assert data["ok"] is True and data["judged_by"] == "the 1 running replica(s)"
+    assert {c["name"] for c in data["shell"]} >= {"this shell: smtp", "this shell: public_url"}
+
+    # The replicas cannot mail: broken, exit 1, although nothing about this shell changed
+    await pool.execute("DELETE FROM replicas")
+    silent = {k: v for k, v in BASE_ENV.items() if not k.startswith("PROMPTSCHED_SMTP")}
+    await _presence(pool, Clock(), "silent", _published(silent)).run_once()
+    broken = await _cli("doctor", dsn=dsn, env=HOME)
+    assert broken.returncode == 1, broken.stdout
+    assert "FAIL  smtp: 1 schedule(s) or follow-up escalation(s) email, but no running replica" in (
+        broken.stdout
+    )
+    assert broken.stdout.splitlines()[-1] == "broken: smtp"

@@ -65,6 +65,12 @@ def print_doctor(data: Mapping[str, Any]) -> None:
         if check["fix"] and check["status"] in ("fail", "warn"):
             line += f" -> fix: {check['fix']}"
         print(line)
+    if data.get("shell"):
+        print(f"(the service is judged by what {data['judged_by']} publish)")
+        print("this shell's own settings (they only matter to commands run here):")
+        for check in data["shell"]:
+            line = f"  {words.MARKS.get(check['status'], check['status']):<5} "
+            print(line + f"{check['name'].removeprefix('this shell: ')}: {check['message']}")
     broken = [c["name"] for c in data["checks"] if c["status"] == "fail"]
     print(f"broken: {', '.join(broken)}" if broken else "nothing is broken")
 
@@ -77,7 +83,7 @@ async def _doctor_direct(config: configuration.Config) -> dict[str, Any]:
     published = fleet.describe(config, providers, roles=config.roles, slots=config.workers)
     try:
         with common.database(config) as dsn:
-            return await doctor.run(config, dsn, published)
+            return await doctor.run(config, dsn, published, from_outside=True)
     except PromptschedError as exc:  # no database to reach (the embedded one does not exist)
         fix = "start the service with `promptsched run`, or set PROMPTSCHED_DATABASE_URL"
         return doctor.report([probes.Check("database", "fail", str(exc), fix)])
@@ -119,8 +125,11 @@ def register(sub: Any) -> None:
         "schema, the clock, the pooler and the direct URL, each provider (one cheap request; "
         "PROMPTSCHED_PROVIDER_<NAME>_PROBE=false skips it), SMTP (connect, TLS, login, "
         "nothing sent), the webhook and chat targets in use against the allowlist, the public "
-        "URL, and this configuration against the running fleet's. Direct mode checks this "
-        "shell's configuration; remote mode (an admin token) the answering replica's.",
+        "URL, and this configuration against the running fleet's. Direct mode judges the "
+        "service by what its running replicas publish (mail, providers, allowlist) and reports "
+        "this shell's own settings apart (they only matter to commands run here), or checks "
+        "this shell's configuration when no replica runs; remote mode (an admin token) the "
+        "answering replica's.",
     )
     doctor.add_argument("--json", action="store_true", help="one JSON object")
     doctor.set_defaults(func=cmd_doctor)

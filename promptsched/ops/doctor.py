@@ -11,6 +11,7 @@ import anyio
 import asyncpg
 
 from promptsched import errors
+from promptsched.clock import Clock
 from promptsched.config import Config
 from promptsched.executors.settings import parse_providers
 from promptsched.ops import fleet, probes
@@ -33,9 +34,13 @@ def report(checks: list[Check]) -> dict[str, Any]:
     }
 
 
-async def run(config: Config, dsn: str, published: fleet.Published) -> dict[str, Any]:
+async def run(
+    config: Config, dsn: str, published: fleet.Published, *, from_outside: bool = False
+) -> dict[str, Any]:
     """Every check; those that read the database are left out when it cannot be reached or its
-    schema is not this version's."""
+    schema is not this version's. ``from_outside`` (the CLI in direct mode): when replicas are
+    running, the service is judged by what they publish (mail, providers, allowlist), and this
+    shell's own settings are reported apart (``shell``), outside the verdict."""
     checks: list[Check] = []
     conn: asyncpg.Connection[Any] | None = None
     try:
@@ -54,11 +59,42 @@ async def run(config: Config, dsn: str, published: fleet.Published) -> dict[str,
             if checks[0].status == "ok":
                 usable = conn
                 checks += await _inside(config, dsn, conn, published)
-        checks.append(await probes.email(config, usable))
+        running = await fleet.alive(usable, Clock()) if usable and from_outside else []
+        if usable is not None and running:
+            checks = [c for c in checks if c.name != "targets"]
+            checks += await _service(usable, running)
+            shell = [await probes.email(config, None), *await _outside(config)]
+        else:
+            checks.append(await probes.email(config, usable))
     finally:
         if conn is not None:
             await conn.close()
-    return report([*checks, *await _outside(config)])
+    if not running:
+        return report([*checks, *await _outside(config)])
+    return {**report(checks), "judged_by": f"the {len(running)} running replica(s)",
+            "shell": [_shell(check) for check in shell]}  # fmt: skip
+
+
+async def _service(db: asyncpg.Connection[Any], running: list[Any]) -> list[Check]:
+    """The service as its running replicas publish it: can they send the mail schedules owe,
+    which providers do they have, does their allowlist pass the targets in use."""
+    lead = fleet.leading(running)
+    assert lead is not None
+    view = fleet.from_document(
+        lead["config"], can_email=any(fleet.emails(row["config"]) for row in running),
+        source="fleet", replicas=len(running), fingerprints=0,
+    )  # fmt: skip
+    return [
+        await probes.fleet_email(db, view.can_email),
+        *probes.fleet_providers(lead["config"]),
+        await probes.targets(db, view.webhook_allow),
+    ]
+
+
+def _shell(check: Check) -> dict[str, Any]:
+    """A check of this shell's own settings: said, never part of the verdict."""
+    status = "warn" if check.status == "fail" else check.status
+    return {**check.json(), "status": status, "name": f"this shell: {check.name}"}
 
 
 async def _inside(

@@ -263,6 +263,11 @@ async def current(
     return await view(db, clock, lambda: own(published()))
 
 
+def emails(document: Mapping[str, Any]) -> bool:
+    """Whether the replica that published ``document`` sends mail (notifier role, SMTP)."""
+    return _emails(document)
+
+
 def _emails(document: Mapping[str, Any]) -> bool:
     email = ((document.get("shared") or {}).get("notify") or {}).get("email") or {}
     return "notifier" in (document.get("roles") or []) and bool(email.get("configured"))

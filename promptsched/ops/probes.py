@@ -201,6 +201,35 @@ async def email(config: Config, db: queries.DB | None) -> Check:
         return Check("smtp", "fail", exc.message, exc.fix or "see the message")
 
 
+async def fleet_email(db: queries.DB, can_email: bool) -> Check:
+    """Mail as the running replicas can send it (what they publish; nothing is sent)."""
+    if can_email:
+        return Check("smtp", "ok", "a running replica with the notifier role has SMTP configured")
+    emailing = await queries.notify_email_count(db)
+    if not emailing:
+        return Check("smtp", "skip", "no running replica sends mail, and no schedule emails anyone")
+    return Check(
+        "smtp", "fail",
+        f"{emailing} schedule(s) or follow-up escalation(s) email, but no running replica with "
+        "the notifier role has SMTP configured",
+        "set PROMPTSCHED_SMTP_HOST (and PROMPTSCHED_SMTP_TLS, _PORT, _USERNAME, _PASSWORD) on "
+        "the replicas and restart them",
+    )  # fmt: skip
+
+
+def fleet_providers(document: Mapping[str, Any]) -> list[Check]:
+    """The providers the running replicas publish (probing them needs their keys: `doctor`
+    through the API probes them from a replica)."""
+    found = ((document.get("shared") or {}).get("providers")) or {}
+    return [
+        Check(f"provider {name}", "ok",
+              f"the running replicas have it ({p.get('kind')}"
+              + (f", {p['base_url']}" if p.get("base_url") else "")
+              + (", a key configured)" if p.get("key") else ")"))
+        for name, p in sorted(found.items())
+    ]  # fmt: skip
+
+
 def _fields(settings: smtp.EmailSettings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in smtp.EmailSettings.__dataclass_fields__}
 
