@@ -53,7 +53,7 @@ class SchedulerSettings:
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     slots: int = 4
-    worker_id: str | None = None  # None: default_worker_id() (host, pid and a random part)
+    worker_id: str | None = None  # None: default_worker_id() (host, a random part, pid)
     lease: timedelta = timedelta(seconds=30)
     heartbeat: timedelta = timedelta(seconds=10)
     drain_grace: timedelta = timedelta(seconds=10)

@@ -72,8 +72,8 @@ async def test_two_processes_on_one_host_get_different_worker_ids(dsn: str, tmp_
             s.stop()
     assert ids[0] != ids[1]
     for worker_id, s in zip(ids, services, strict=True):
-        # host:pid:random — the random part keeps two containers' pid 1 apart on one host.
-        assert re.fullmatch(rf"[^:]+:{s.pid}:[0-9a-f]{{6}}", worker_id), worker_id
+        # host:random:pid — the random part keeps two containers' pid 1 apart on one host.
+        assert re.fullmatch(rf"[^:]+:[0-9a-f]{{6}}:{s.pid}", worker_id), worker_id
 
 
 async def test_the_worker_id_setting_wins(dsn: str, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from promptsched.cli.backend import Backend
 from promptsched.errors import PromptschedError
 from promptsched.human import fleet as words
 
-# The replica's id (host:pid/token) last: it is the one cell of no fixed width.
+# The replica's id (host:random:pid/token) last: it is the one cell of no fixed width.
 REPLICA_COLUMNS = (
     ("CONFIG", "state", 7), ("VERSION", "version", 8), ("UP", "up", 8),
     ("LAST SEEN", "seen", 10), ("SLOTS", "slots", 5), ("IN FLIGHT", "in_flight", 9),

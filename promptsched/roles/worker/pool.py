@@ -42,9 +42,10 @@ CLAIM_MAX = 256
 
 
 def default_worker_id() -> str:
-    """This process's name without ``PROMPTSCHED_WORKER_ID``: host, pid and a random part, so
-    two containers on host networking (one host name, both pid 1) still differ."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    """This process's name without ``PROMPTSCHED_WORKER_ID``: host, a random part and the pid
+    (last, where scripts read it), so two containers on host networking (one host name, both
+    pid 1) still differ."""
+    return f"{socket.gethostname()}:{secrets.token_hex(3)}:{os.getpid()}"
 
 
 class WorkerPool:
