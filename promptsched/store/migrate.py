@@ -58,7 +58,9 @@ CREATE TABLE IF NOT EXISTS promptsched_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )"""
 # One row per migration this scheme applied or found applied: how many of its steps are done
-# (complete when steps_done = steps), and the oldest schema version that runs after it.
+# (complete when steps_done = steps), and the oldest schema version that runs after it. The
+# rows of the runner before it are adopted as they are, each its own compat (those releases
+# refused any newer schema).
 _TABLE = """
 CREATE TABLE IF NOT EXISTS promptsched_schema (
     version    integer PRIMARY KEY,
@@ -72,7 +74,6 @@ CREATE TABLE IF NOT EXISTS promptsched_schema (
 _ADOPT = """
 INSERT INTO promptsched_schema (version, name, steps, steps_done, compat, release, applied_at)
 SELECT version, name, 1, 1, version, 'before 0.2.0', applied_at FROM promptsched_migrations
-WHERE version <= $1
 ON CONFLICT (version) DO NOTHING"""
 
 _DIRECTIVE = re.compile(r"^--\s*promptsched:\s*(.+?)\s*$", re.MULTILINE)
@@ -248,7 +249,7 @@ async def apply(
 async def _prepare_ledger(conn: Conn) -> None:
     await conn.execute(_LEGACY_TABLE)
     await conn.execute(_TABLE)
-    await conn.execute(_ADOPT, LEGACY_LAST)
+    await conn.execute(_ADOPT)
 
 
 async def _apply_one(
@@ -263,7 +264,12 @@ async def _apply_one(
             continue
         # One migrator at a time runs a step outside a transaction (a session lock: over a
         # direct connection, as `promptsched migrate` and the service's start use).
-        await conn.execute("SELECT pg_advisory_lock($1)", _STEP_LOCK_KEY)
+        # Polled, not waited for: a statement waiting holds a snapshot, and the other
+        # migrator's CREATE INDEX CONCURRENTLY waits for every older snapshot to end.
+        while True:
+            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _STEP_LOCK_KEY):
+                break
+            await anyio.sleep(0.2)
         try:
             outcome = await _outside(conn, migration, number, compat, step, opts, restarts)
         finally:
