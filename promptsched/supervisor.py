@@ -105,6 +105,8 @@ class Supervisor:
                 webhook_allow=str(config.webhook_allow),
             )
         self.open_files = raise_open_files()
+        if "api" in config.roles:
+            mcp_http.prepare()  # before any role holds a lease (the SDK takes a second to load)
         settings = parse_providers(config.env, config.providers_raw)
         self.provider_settings = settings
         self.provider_kinds = {name: provider.kind for name, provider in settings.items()}

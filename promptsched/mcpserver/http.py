@@ -35,6 +35,15 @@ REFUSED = -32001  # JSON-RPC's implementation-defined server errors: the request
 _OWN_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
+def prepare() -> None:
+    """Import the SDK's server side now: a service calls this before its roles start, so the
+    second or more it takes never stalls a loop that already holds leases (the CLI imports
+    this module too, and keeps its own start fast by not calling it)."""
+    import mcp.server.lowlevel
+    import mcp.server.streamable_http_manager
+    import mcp.shared.exceptions  # noqa: F401
+
+
 class Endpoint:
     """The SDK's session manager, run for the application's lifetime in a task of its own
     (it holds a task group that must be entered and left in one task)."""
