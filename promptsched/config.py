@@ -3,6 +3,7 @@ TOML file, identical on every replica."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -45,6 +46,7 @@ class SchedulerSettings:
     batch: int = 2000
     max_sleep: timedelta = timedelta(seconds=5)
     pipeline: int = 2
+    owner_runs_per_minute: int = 20_000  # PROMPTSCHED_OWNER_RUNS_PER_MINUTE; 0: no quota
     # The batches after a full one, while a rush lasts (never fewer than ``batch``): a tick's
     # first batch stays small so the rush's first runs start soon, the rest go in larger ones.
     rush_batch: int = 5000
@@ -101,6 +103,9 @@ class ApiSettings:
     # who may say a request came over https, and for whom (web/edge.py)
     trusted_proxies: tuple[IPNetwork, ...] = ()
     public_https: bool = False  # PROMPTSCHED_PUBLIC_URL is https
+    max_schedules: int = 10_000  # per owner (PROMPTSCHED_OWNER_MAX_SCHEDULES); 0: no quota
+    rate: float = 20.0  # requests per second per token (PROMPTSCHED_API_RATE); 0: no limit
+    burst: int = 100
 
 
 # Set in the environment of `promptsched run` to make the notifier SIGKILL its own process
@@ -174,6 +179,11 @@ class Config:
     # How often each replica renews its row in `replicas` (ops/fleet.py, roles/presence.py):
     # its configuration for the CLI and the console, and its liveness for `status`.
     fleet_interval: timedelta = timedelta(seconds=10)
+    # Per-owner quotas (docs/deploying.md, "Quotas"); 0 turns one off.
+    owner_max_schedules: int = 10_000  # schedules an owner may have (follow-ups apart)
+    owner_runs_per_minute: int = 20_000  # runs the scheduler makes due for an owner a minute
+    api_rate: float = 20.0  # API requests per second per token, in each replica
+    api_burst: int = 100  # ... of which this many at once
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
     # PROVIDER[:MODEL]=INPUT/OUTPUT per million tokens (prices.py); empty: costs are not known.
@@ -211,6 +221,7 @@ class Config:
         self._validate_http()
         if not timedelta(milliseconds=100) <= self.fleet_interval <= timedelta(minutes=5):
             raise ConfigError("PROMPTSCHED_FLEET_INTERVAL", "must be between 100ms and 5m")
+        self._validate_quotas()
         return self
 
     def _validate_http(self) -> None:
@@ -223,6 +234,18 @@ class Config:
                 raise ConfigError(name, "must be between 100ms and 1h")
         if not 1 <= self.http_max_connections <= 1_000_000:
             raise ConfigError("PROMPTSCHED_HTTP_MAX_CONNECTIONS", "must be between 1 and 1000000")
+
+    def _validate_quotas(self) -> None:
+        for name, value in (
+            ("PROMPTSCHED_OWNER_MAX_SCHEDULES", self.owner_max_schedules),
+            ("PROMPTSCHED_OWNER_RUNS_PER_MINUTE", self.owner_runs_per_minute),
+        ):
+            if not 0 <= value <= 100_000_000:
+                raise ConfigError(name, "must be between 0 (no quota) and 100000000")
+        if not 0 <= self.api_rate <= 1_000_000:
+            raise ConfigError("PROMPTSCHED_API_RATE", "must be between 0 (no limit) and 1000000")
+        if not 1 <= self.api_burst <= 1_000_000:
+            raise ConfigError("PROMPTSCHED_API_BURST", "must be between 1 and 1000000")
 
     def _validate_database(self) -> None:
         if not 0 <= self.statement_cache_size <= 100_000:
@@ -280,6 +303,7 @@ class Config:
             batch=self.scheduler_batch,
             max_sleep=self.scheduler_max_sleep,
             rush_batch=self.scheduler_rush_batch,
+            owner_runs_per_minute=self.owner_runs_per_minute,
         )
 
     @property
@@ -329,6 +353,9 @@ class Config:
             max_connections=self.http_max_connections,
             trusted_proxies=self.trusted_proxies,
             public_https=(self.public_url or "").lower().startswith("https://"),
+            max_schedules=self.owner_max_schedules,
+            rate=self.api_rate,
+            burst=self.api_burst,
         )
 
     def resolved_log_format(self) -> str:
@@ -354,6 +381,16 @@ def _int(name: str, text: str) -> int:
         return int(text)
     except ValueError:
         raise ConfigError(name, f"must be a whole number, got {text!r}") from None
+
+
+def _float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(name, f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(name, f"must be a number, got {text!r}")
+    return value
 
 
 def _duration(name: str, text: str) -> timedelta:
@@ -459,6 +496,10 @@ _PARSERS: dict[str, Any] = {
     "notifier_max_sleep": _duration,
     "digest_period": _duration,
     "fleet_interval": _duration,
+    "owner_max_schedules": _int,
+    "owner_runs_per_minute": _int,
+    "api_rate": _float,
+    "api_burst": _int,
     "mcp_servers": _str,
     "prices": lambda name, text: Prices.parse(text, name),
 }

@@ -7,7 +7,7 @@ those strings, so rows read from asyncpg need no conversion to be matched agains
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -138,6 +138,7 @@ class DueGroup:
     max_attempts: int
     unfinished: int
     db_now: datetime
+    owners: Sequence[str] = ()  # the owner of each of ``ids``, in their order
 
 
 @dataclass(frozen=True, slots=True)

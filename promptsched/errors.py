@@ -49,6 +49,11 @@ class StateConflict(PromptschedError):
     """The resource's current state does not allow the operation (e.g. cancel a finished run)."""
 
 
+class QuotaExceeded(ValidationError):
+    """An owner reached one of its quotas (docs/deploying.md, "Quotas"): the message names the
+    limit and its setting."""
+
+
 class ConfigError(ValidationError):
     """Invalid configuration, found at startup."""
 

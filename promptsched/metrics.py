@@ -145,6 +145,11 @@ class Metrics:
         self.dropped_ticks = self._counter(
             "dropped_ticks", "Slots that will not run, by reason", reason=DROP_REASONS
         )
+        self.runs_deferred = self._counter(
+            "runs_deferred",
+            "Runs written pending for a later minute: their owner's schedules had made "
+            "PROMPTSCHED_OWNER_RUNS_PER_MINUTE runs due in this one",
+        )
         self.tick_lag = self._histogram(
             "tick_lag_seconds", "Slot time to run row committed", _LAG_BUCKETS
         )

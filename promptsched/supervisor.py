@@ -48,6 +48,7 @@ from promptsched.tools.registry import ToolRegistry
 from promptsched.tools.settings import parse_mcp_servers
 from promptsched.web.edge import Edge
 from promptsched.web.progress import ProgressHub
+from promptsched.web.ratelimit import TokenRates
 
 log = structlog.get_logger("supervisor")
 
@@ -246,6 +247,8 @@ class Supervisor:
                 # the operator console (pages under / outside /v1) and MCP at /mcp
                 mounts=(console.mount, mcp_http.mount),
                 edge=Edge(serving.trusted_proxies, serving.public_https),
+                max_schedules=serving.max_schedules,
+                rates=TokenRates(serving.rate, serving.burst),
             )
             limits = protocol.Limits(
                 idle=serving.idle_timeout.total_seconds(),

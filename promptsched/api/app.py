@@ -37,6 +37,7 @@ from promptsched.clock import Clock
 from promptsched.errors import (
     ConfigError,
     NotFound,
+    QuotaExceeded,
     StateConflict,
     ValidationError,
     VersionConflict,
@@ -48,6 +49,7 @@ from promptsched.tools.base import Catalog
 from promptsched.web import edge as edges
 from promptsched.web.deps import DEPS, Deps
 from promptsched.web.progress import ProgressHub
+from promptsched.web.ratelimit import TokenRates
 
 log = structlog.get_logger("api")
 
@@ -97,6 +99,8 @@ def _known_error(exc: Exception, request_id: str) -> web.Response | None:
     """The response for an error the API raises on purpose; None for anything else."""
     if isinstance(exc, validate.Malformed):
         return _error(400, "malformed_json", exc.message, request_id, field=exc.field or None)
+    if isinstance(exc, QuotaExceeded):
+        return _error(409, "quota_exceeded", exc.message, request_id, field=exc.field)
     if isinstance(exc, ValidationError):
         return _error(422, "invalid", exc.message, request_id, field=exc.field)
     if isinstance(exc, ApiError):
@@ -201,6 +205,8 @@ def build(
     doctor: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     mounts: Sequence[Callable[[web.Application], None]] = (),
     edge: edges.Edge | None = None,
+    max_schedules: int = 0,
+    rates: TokenRates | None = None,
 ) -> web.Application:
     """``tools`` gives the server's tool catalog (agent schedules are checked against it);
     ``progress`` is the hub the process's listener feeds (run event streams read it);
@@ -226,6 +232,8 @@ def build(
         retention=retention,
         published=published,
         doctor=doctor,
+        max_schedules=max_schedules,
+        rates=rates or TokenRates(0.0, 1),
     )
     app = web.Application(client_max_size=MAX_BODY, middlewares=[errors])
     app[DEPS] = deps

@@ -255,6 +255,16 @@ def endpoint(op: Operation, deps: Deps) -> Callable[[web.Request], Awaitable[web
                     "a valid bearer token is required (Authorization: Bearer TOKEN)",
                     headers={"WWW-Authenticate": 'Bearer realm="promptsched"'},
                 )
+            wait = deps.rates.take(principal.token_id)
+            if wait > 0:
+                raise ApiError(
+                    429,
+                    "rate_limited",
+                    f"more than {deps.rates.rate:g} requests a second with this token "
+                    f"(PROMPTSCHED_API_RATE, bursts of PROMPTSCHED_API_BURST="
+                    f"{deps.rates.burst:.0f}); try again after Retry-After",
+                    headers={"Retry-After": deps.rates.retry_after(wait)},
+                )
         params = parse_params(op.params, request)
         component = op.body_schema
         body = await read_body(request, component, op.needs_body) if component else {}

@@ -13,6 +13,10 @@ _ERROR = "Error"
 _HEADERS = {
     "ETag": {"description": "the schedule's version, for If-Match", "schema": {"type": "string"}},
     "WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}},
+    "Retry-After": {
+        "description": "whole seconds until the token may ask again",
+        "schema": {"type": "string"},
+    },
 }
 
 
@@ -21,6 +25,14 @@ def _replies(op: Operation) -> dict[str, Reply]:
     if op.auth:
         replies.setdefault(
             "401", Reply("missing, unknown or revoked token", _ERROR, headers=("WWW-Authenticate",))
+        )
+        replies.setdefault(
+            "429",
+            Reply(
+                "the token asked more often than PROMPTSCHED_API_RATE allows",
+                _ERROR,
+                headers=("Retry-After",),
+            ),
         )
     if op.params or op.body_schema:
         replies.setdefault("422", Reply("a field is invalid; the error names it", _ERROR))

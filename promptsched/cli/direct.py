@@ -115,8 +115,9 @@ class DirectBackend:
             values = inputs.validate(body, **await self._checks(found, body.get("params")))
         async with self.conn.transaction():
             row = await schedule_ops.create_schedule(
-                self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR
-            )
+                self.conn, self.clock, values, owner=owner or "default", actor=CLI_ACTOR,
+                max_schedules=self.config.owner_max_schedules,
+            )  # fmt: skip
         data = views.schedule(row, with_next=True, reveal_secret=True)
         return _warned(data, fleet.schedule_warnings(found, values))
 

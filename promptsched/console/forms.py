@@ -163,8 +163,9 @@ async def create(ctx: Ctx) -> web.StreamResponse:
         checked = inputs.validate(raw, **await _checks(ctx))
         async with ctx.deps.pool.acquire() as conn, conn.transaction():
             row = await schedule_ops.create_schedule(
-                conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor
-            )
+                conn, ctx.deps.clock, checked, owner=ctx.who.owner, actor=ctx.who.actor,
+                max_schedules=ctx.deps.max_schedules,
+            )  # fmt: skip
     except ValidationError as exc:
         return _render(ctx, values, error=exc, status=422)
     return _saved(ctx, values, None, row, "created")

@@ -13,7 +13,13 @@ from asyncpg.pool import PoolConnectionProxy
 from promptsched import netguard, offload
 from promptsched.clock import Clock
 from promptsched.domain import ChangeAction, RunOrigin, Schedule, ScheduleInput
-from promptsched.errors import NotFound, StateConflict, ValidationError, VersionConflict
+from promptsched.errors import (
+    NotFound,
+    QuotaExceeded,
+    StateConflict,
+    ValidationError,
+    VersionConflict,
+)
 from promptsched.ops import inputs, views
 from promptsched.schedule import fire_times, spec
 from promptsched.store import queries
@@ -32,17 +38,24 @@ async def create_schedule(
     *,
     owner: str,
     actor: str | None = None,
+    max_schedules: int = 0,
 ) -> Schedule:
     """The schedule, its name registered and its history row, in one transaction (a
-    savepoint in the caller's): a name another schedule holds leaves nothing written."""
+    savepoint in the caller's): a name another schedule holds leaves nothing written.
+    ``max_schedules``: the owner's quota (PROMPTSCHED_OWNER_MAX_SCHEDULES; 0: none), checked
+    for a schedule that is not a follow-up's."""
     if isinstance(db, asyncpg.Pool):
         async with db.acquire() as conn:
-            return await create_schedule(conn, clock, values, owner=owner, actor=actor)
+            return await create_schedule(
+                conn, clock, values, owner=owner, actor=actor, max_schedules=max_schedules
+            )
     assert isinstance(db, asyncpg.Connection | PoolConnectionProxy)
     now = await db_now(db, clock)
     # an expression that never fires (before 2200) is an error; the search runs off the loop
     first = await offload.run(lambda: fire_times.check_fires(inputs.spec_of(values), now))
     async with db.transaction():
+        if max_schedules > 0 and values.followup_key is None:
+            await check_schedule_quota(db, owner, max_schedules)
         row = await queries.schedule_insert(db, values, owner=owner, next_fire_at=first)
         await claim_name(db, row)
         await queries.schedule_change_insert(
@@ -51,6 +64,20 @@ async def create_schedule(
         )  # fmt: skip
         await queries.schedule_notify_changed(db, row.id)
     return row
+
+
+async def check_schedule_quota(db: queries.DB, owner: str, limit: int) -> None:
+    """Refuse a new schedule of an owner who has ``limit`` already, naming the limit; in the
+    caller's transaction, which holds the owner's lock from here to its commit."""
+    await queries.schedule_lock_owner(db, owner)
+    have = await queries.schedule_count_owned(db, owner)
+    if have >= limit:
+        raise QuotaExceeded(
+            "owner",
+            f"{owner} has {have:,} schedules, the most one owner may have "
+            f"(PROMPTSCHED_OWNER_MAX_SCHEDULES={limit}); delete one first, or ask the "
+            "operator to raise the quota",
+        )
 
 
 async def claim_name(db: queries.DB, row: Schedule) -> None:

@@ -51,6 +51,7 @@ class TickCounts:
     skipped: int = 0
     duplicates: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    deferred: int = 0  # pending, but for a later minute: the owner's runs-per-minute quota
 
 
 def _pause_end(row: asyncpg.Record) -> policies.PauseEnd:
@@ -83,6 +84,7 @@ class Scheduler:
         self.rush_batch = max(settings.batch, settings.rush_batch)
         self.max_sleep = settings.max_sleep
         self.pipeline = max(1, settings.pipeline)
+        self.runs_per_minute = settings.owner_runs_per_minute
         self.wakeup = Wakeup()
         # Due schedules locked by this process's batches in flight: what a pipelined batch
         # finds locked by its siblings is not contention with another replica.
@@ -116,6 +118,7 @@ class Scheduler:
             total.enqueued += counts.enqueued
             total.skipped += counts.skipped
             total.duplicates += counts.duplicates
+            total.deferred += counts.deferred
             total.dropped.update(counts.dropped)
             written = total.enqueued + total.skipped
             if not checked and written >= ANALYZE_AFTER:
@@ -157,8 +160,9 @@ class Scheduler:
                 if not batch.schedules:
                     return TickCounts()
                 result = await queries.schedule_tick(
-                    conn, now, batch.write(), all_rows=logs.enabled("debug")
-                )
+                    conn, now, batch.write(), all_rows=logs.enabled("debug"),
+                    runs_per_minute=self.runs_per_minute,
+                )  # fmt: skip
         finally:
             self._held -= taken  # committed or rolled back: the locks are gone
         return self._count(batch, result)
@@ -200,6 +204,7 @@ class Scheduler:
             skipped=result["skipped"],
             duplicates=batch.planned - result["enqueued"] - result["skipped"],
             dropped=batch.dropped,
+            deferred=result["deferred"],
         )
         if result["overlap"]:
             counts.dropped["overlap"] += result["overlap"]
@@ -226,6 +231,10 @@ class Scheduler:
         self.metrics.ticks.labels("duplicate").inc(counts.duplicates)
         for reason, number in counts.dropped.items():
             self.metrics.dropped_ticks.labels(reason).inc(number)
+        if counts.deferred:
+            self.metrics.runs_deferred.inc(counts.deferred)
+            log.info("scheduler.runs_deferred", runs=counts.deferred,
+                     quota=self.runs_per_minute)  # fmt: skip
         if counts.enqueued or counts.skipped:
             log.info(
                 "scheduler.ticked",

@@ -60,6 +60,7 @@ class BatchPlan:
         default_factory=dict
     )
     variants: list[queries.Variant] = field(default_factory=list)
+    owners: dict[int, str] = field(default_factory=dict)
 
     async def plan_off_loop(self, group: DueGroup) -> None:
         """An RRULE's plan is computed in a worker thread (bounded, but it may take tens of
@@ -75,6 +76,7 @@ class BatchPlan:
 
     def add_group(self, group: DueGroup) -> None:
         members = group.ids
+        self.owners.update(zip(members, group.owners, strict=False))
         key = (_spec(group), group.next_fire_at, group.db_now, _misfire(group))
         plan = self.plans.get(key)
         if plan is None:  # groups that differ only in overlap or copied columns share it
@@ -100,7 +102,7 @@ class BatchPlan:
             self.variants.append(_variant(group, [sid], plan, decision, spread))
 
     def write(self) -> queries.TickWrite:
-        return queries.TickWrite(self.variants)
+        return queries.TickWrite(self.variants, self.owners)
 
 
 def _variant(

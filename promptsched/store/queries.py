@@ -195,6 +195,7 @@ def _due_group(row: Record) -> DueGroup:
         max_attempts=row["max_attempts"],
         unfinished=row["unfinished"],
         db_now=row["db_now"],
+        owners=row["owners"],
     )
 
 
@@ -230,6 +231,14 @@ class TickWrite:
     """One batch for ``schedule_tick``: every schedule it locked follows exactly one variant."""
 
     variants: Sequence[Variant]
+    owners: Mapping[int, str] = dataclass_field(
+        default_factory=dict
+    )  # each schedule's; '' when unknown
+
+    def owner_array(self) -> list[str]:
+        """$16: the owner of each schedule of ``arrays()``'s $2, in its order."""
+        owners = self.owners
+        return [owners.get(sid, "") for variant in self.variants for sid in variant.schedule_ids]
 
     @property
     def schedule_ids(self) -> list[int]:
@@ -284,10 +293,13 @@ class TickWrite:
 
 
 async def schedule_tick(
-    db: DB, now: datetime | None, write: TickWrite, *, all_rows: bool
+    db: DB, now: datetime | None, write: TickWrite, *, all_rows: bool, runs_per_minute: int = 0
 ) -> Record:
-    """Advance the cursors and insert the run rows of a batch locked by schedule_take_due."""
-    row = await db.fetchrow(_Q["schedule_tick"], now, *write.arrays(), all_rows)
+    """Advance the cursors and insert the run rows of a batch locked by schedule_take_due;
+    ``runs_per_minute``: the owners' quota (0: none), past which runs wait a minute."""
+    row = await db.fetchrow(
+        _Q["schedule_tick"], now, *write.arrays(), all_rows, write.owner_array(), runs_per_minute
+    )
     assert row is not None
     return row
 
@@ -295,6 +307,17 @@ async def schedule_tick(
 async def schedule_seconds_until_due(db: DB, now: datetime | None) -> float | None:
     value: float | None = await db.fetchval(_Q["schedule_seconds_until_due"], now)
     return value
+
+
+async def schedule_count_owned(db: DB, owner: str) -> int:
+    """Call it after schedule_lock_owner, in the same transaction."""
+    count: int = await db.fetchval(_Q["schedule_count_owned"], owner)
+    return count
+
+
+async def schedule_lock_owner(db: DB, owner: str) -> None:
+    """The owner's transaction lock on creating schedules (held until the commit)."""
+    await db.execute(_Q["schedule_lock_owner"], owner)
 
 
 async def schedule_name_claim(db: DB, owner: str, name: str, schedule_id: int) -> int:

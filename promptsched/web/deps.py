@@ -16,6 +16,7 @@ from promptsched.clock import Clock
 from promptsched.metrics import Metrics
 from promptsched.tools.base import Catalog
 from promptsched.web.progress import ProgressHub
+from promptsched.web.ratelimit import TokenRates
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,10 @@ class Deps:
     published: Callable[[], Mapping[str, Any]] = dict
     # ``promptsched doctor`` as this replica runs it (ops/doctor.py); None: no replica behind.
     doctor: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    # Per-owner quotas (docs/deploying.md, "Quotas"): schedules an owner may have (0: none),
+    # and the API requests a token may make a second in this process.
+    max_schedules: int = 0
+    rates: TokenRates = field(default_factory=lambda: TokenRates(0.0, 1))
 
     def tool_catalog(self) -> Catalog | None:
         return self.tools() if self.tools is not None else None

@@ -51,8 +51,9 @@ async def create(call: Call) -> web.StreamResponse:
     values = await offload.run(lambda: inputs.validate(call.body, **checks))
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await schedule_ops.create_schedule(
-            conn, deps.clock, values, owner=call.who.owner, actor=call.who.actor
-        )
+            conn, deps.clock, values, owner=call.who.owner, actor=call.who.actor,
+            max_schedules=deps.max_schedules,
+        )  # fmt: skip
     warnings = fleet.schedule_warnings(found, values)
     return await schedule_reply_off_loop(
         row, status=201, reveal_secret=True, warnings=warnings
@@ -141,7 +142,9 @@ OPERATIONS = (
     Operation(
         "POST", "/v1/schedules", create, "createSchedule", "Create a schedule", "schedules",
         {"201": Reply("the created schedule and its next 5 fire times", "Schedule",
-                      headers=("ETag",))},
+                      headers=("ETag",)),
+         "409": Reply("the owner has PROMPTSCHED_OWNER_MAX_SCHEDULES schedules already (code "
+                      "quota_exceeded)", "Error")},
         body="ScheduleCreate",
         description="The schedule belongs to the token's owner and fires from its next slot.",
     ),

@@ -74,9 +74,9 @@ RETURNING r.*;
 -- Replay a dead run: a new run for the same slot, marked replay and linked to the old one.
 -- runs_replay_key makes a second replay of the same run a no-op (no row returned).
 INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, replay_of,
-                  serial)
+                  serial, owner)
 SELECT r.schedule_id, r.slot, 'replay', s.provider, s.max_attempts,
-       coalesce($3::timestamptz, now()), r.id, false
+       coalesce($3::timestamptz, now()), r.id, false, s.owner
 FROM runs r
 JOIN schedules s ON s.id = r.schedule_id
 WHERE r.id = $1 AND r.status = 'dead' AND ($2::text IS NULL OR s.owner = $2)

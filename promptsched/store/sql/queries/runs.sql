@@ -19,19 +19,51 @@
 -- skipped because another transaction held them. A run waiting for its own schedule's
 -- predecessor is not claimable in either read. The row always comes back, with NULL run
 -- columns when nothing was claimed.
-WITH candidates AS (
-    SELECT r.id
-    FROM runs r
-    WHERE r.status = 'pending'
-      AND r.provider = $2
-      AND r.available_at <= coalesce($1::timestamptz, now())
-      AND (NOT r.serial OR NOT EXISTS (
-            SELECT 1 FROM runs o
-            WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
-              AND o.slot < r.slot))
-    ORDER BY r.available_at, r.id
-    LIMIT $3 /* size class */
-    FOR UPDATE SKIP LOCKED
+-- Fair to every owner: while runs of a second owner wait for the provider, the claim takes
+-- them round-robin by owner instead (run_claim_lanes, 0037_owner_lanes.sql), so one owner's
+-- backlog never starves another's due runs; with one owner waiting it is the plain claim
+-- above, after three index probes (docs/reliability.md, "Fair to every owner").
+WITH owners AS (
+    -- Whether an owner other than the one whose run is first in claim order has runs waiting
+    -- for provider $2: a probe of runs_owner_claim_idx (0037_owner_lanes.sql) on each side of
+    -- that owner's lane, never into it (a busy lane's front is the entries of runs claimed
+    -- since the last vacuum, its end the rows a rush is writing: either can be thousands of
+    -- entries to pass over). With one owner waiting, both land on the index's ends at once.
+    SELECT coalesce((SELECT true FROM runs r
+                     WHERE r.status = 'pending' AND r.provider = $2 AND r.owner < head.owner
+                       AND r.available_at <= coalesce($1::timestamptz, now())
+                     ORDER BY r.owner DESC LIMIT 1)
+                    OR (SELECT true FROM runs r
+                        WHERE r.status = 'pending' AND r.provider = $2 AND r.owner > head.owner
+                          AND r.available_at <= coalesce($1::timestamptz, now())
+                        ORDER BY r.owner LIMIT 1), false) AS several
+    FROM (SELECT (SELECT r.owner FROM runs r
+                  WHERE r.status = 'pending' AND r.provider = $2
+                    AND r.available_at <= coalesce($1::timestamptz, now())
+                  ORDER BY r.available_at, r.id LIMIT 1) AS owner) AS head
+), candidates AS (
+    -- One owner waiting (the common case): its runs in runs_claim_idx order, read lazily.
+    SELECT one.id FROM (
+        SELECT r.id
+        FROM runs r
+        WHERE NOT (SELECT several FROM owners)
+          AND r.status = 'pending'
+          AND r.provider = $2
+          AND r.available_at <= coalesce($1::timestamptz, now())
+          AND (NOT r.serial OR NOT EXISTS (
+                SELECT 1 FROM runs o
+                WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                  AND o.slot < r.slot))
+        ORDER BY r.available_at, r.id
+        LIMIT $3 /* size class */
+        FOR UPDATE SKIP LOCKED
+    ) one
+    UNION ALL
+    -- Several owners: their runs round-robin (run_claim_lanes), so no owner's backlog starves
+    -- another's due runs (docs/reliability.md, "Fair to every owner").
+    SELECT id
+    FROM run_claim_lanes($2, coalesce($1::timestamptz, now()), $3::integer) AS id
+    WHERE (SELECT several FROM owners)
 ), claimed AS (
     UPDATE runs r
     SET status = 'running',
@@ -96,19 +128,43 @@ LEFT JOIN claimed c ON true;
 WITH admit AS (
     -- Takes the provider's advisory lock and reads its room (0014_provider_tokens.sql).
     SELECT * FROM provider_admit($2, $3, $6, $7, $8, $9, $1, $10::bigint[], $11::uuid[])
+), owners AS (
+    -- Whether another owner than the first in claim order has runs waiting, as in
+    -- run_claim_batch.
+    SELECT coalesce((SELECT true FROM runs r
+                     WHERE r.status = 'pending' AND r.provider = $2 AND r.owner < head.owner
+                       AND r.available_at <= coalesce($1::timestamptz, now())
+                     ORDER BY r.owner DESC LIMIT 1)
+                    OR (SELECT true FROM runs r
+                        WHERE r.status = 'pending' AND r.provider = $2 AND r.owner > head.owner
+                          AND r.available_at <= coalesce($1::timestamptz, now())
+                        ORDER BY r.owner LIMIT 1), false) AS several
+    FROM (SELECT (SELECT r.owner FROM runs r
+                  WHERE r.status = 'pending' AND r.provider = $2
+                    AND r.available_at <= coalesce($1::timestamptz, now())
+                  ORDER BY r.available_at, r.id LIMIT 1) AS owner) AS head
 ), candidates AS (
-    SELECT r.id
-    FROM runs r
-    WHERE r.status = 'pending'
-      AND r.provider = $2
-      AND r.available_at <= coalesce($1::timestamptz, now())
-      AND (NOT r.serial OR NOT EXISTS (
-            SELECT 1 FROM runs o
-            WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
-              AND o.slot < r.slot))
-    ORDER BY r.available_at, r.id
-    LIMIT $3 /* size class */
-    FOR UPDATE SKIP LOCKED
+    SELECT one.id FROM (
+        SELECT r.id
+        FROM runs r
+        WHERE NOT (SELECT several FROM owners)
+          AND r.status = 'pending'
+          AND r.provider = $2
+          AND r.available_at <= coalesce($1::timestamptz, now())
+          AND (NOT r.serial OR NOT EXISTS (
+                SELECT 1 FROM runs o
+                WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                  AND o.slot < r.slot))
+        ORDER BY r.available_at, r.id
+        LIMIT $3 /* size class */
+        FOR UPDATE SKIP LOCKED
+    ) one
+    UNION ALL
+    -- Several owners: round-robin, as in run_claim_batch, and only as many as were allowed.
+    SELECT id
+    FROM run_claim_lanes($2, coalesce($1::timestamptz, now()),
+                         least($3::integer, (SELECT allowed FROM admit))) AS id
+    WHERE (SELECT several FROM owners) AND (SELECT allowed FROM admit) > 0
 ), claimed AS (
     UPDATE runs r
     SET status = 'running',
@@ -519,9 +575,10 @@ LIMIT 1;
 
 -- name: run_insert_manual
 -- Trigger now: a run outside the cadence, marked manual, so it never collides with a slot.
-INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial)
+INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial,
+                  owner)
 SELECT id, coalesce($2::timestamptz, now()), 'manual', provider, max_attempts,
-       coalesce($2::timestamptz, now()), false
+       coalesce($2::timestamptz, now()), false, owner
 FROM schedules
 WHERE id = $1
 RETURNING *;
@@ -529,9 +586,10 @@ RETURNING *;
 -- name: run_insert_backfill
 -- Backfill: past slots as runs marked backfill; a slot that already has a cadence or backfill
 -- run is left alone. Unless overlap is allow, they run one after another (serial).
-INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial)
+INSERT INTO runs (schedule_id, slot, origin, provider, max_attempts, available_at, serial,
+                  owner)
 SELECT s.id, b.slot, 'backfill', s.provider, s.max_attempts, coalesce($3::timestamptz, now()),
-       s.overlap_policy <> 'allow'
+       s.overlap_policy <> 'allow', s.owner
 FROM schedules s, unnest($2::timestamptz[]) AS b(slot)
 WHERE s.id = $1
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.schedule_id = s.id AND c.slot = b.slot

@@ -8,6 +8,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $
         $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
 RETURNING *;
 
+-- name: schedule_count_owned
+-- How many schedules owner $1 has, follow-ups apart (PROMPTSCHED_OWNER_MAX_SCHEDULES), after
+-- taking the owner's transaction lock: two creates of one owner at once count one after the
+-- other, so they never both take the last place (call it before the count's own statement,
+-- whose snapshot then sees the other's commit).
+SELECT count(*)::int FROM schedules WHERE owner = $1 AND followup_key IS NULL;
+
+-- name: schedule_lock_owner
+SELECT pg_advisory_xact_lock(hashtextextended('promptsched.owner_schedules:' || $1, 0));
+
 -- name: schedule_get
 SELECT * FROM schedules WHERE id = $1 AND ($2::text IS NULL OR owner = $2);
 
@@ -61,7 +71,7 @@ SELECT set_config('plan_cache_mode', 'auto', true), set_config('enable_sort', 'o
 WITH due AS (
     SELECT id, kind, expression, timezone, dst_gap, dst_fold, next_fire_at, misfire_policy,
            misfire_cap, misfire_grace, catchup_window, overlap_policy, jitter, provider,
-           max_attempts
+           max_attempts, owner
     FROM schedules
     WHERE enabled AND next_fire_at <= coalesce($1::timestamptz, now())
     ORDER BY next_fire_at
@@ -89,7 +99,9 @@ WITH due AS (
            d.misfire_policy, d.misfire_cap, d.misfire_grace, d.catchup_window,
            d.overlap_policy, d.jitter, d.provider, d.max_attempts,
            coalesce((b.unfinished ->> d.id::text)::int, 0) AS unfinished,
-           array_agg(d.id) AS ids, coalesce($1::timestamptz, now()) AS db_now
+           -- the owner of each schedule, in the order of ids (one aggregation reads both)
+           array_agg(d.id) AS ids, array_agg(d.owner) AS owners,
+           coalesce($1::timestamptz, now()) AS db_now
     FROM due d
     CROSS JOIN busy b
     GROUP BY d.next_fire_at, d.kind, d.expression, d.timezone, d.dst_gap, d.dst_fold,
@@ -113,8 +125,15 @@ ORDER BY g.next_fire_at;
 -- a second scheduler's row for the same slot a no-op (invariant 1). NOTIFY is delivered at
 -- commit. Returns counts, the tick lag of every pending row, and the rows to log: the skipped
 -- ones, and every one when $15.
+-- $17: runs an owner's schedules may make due in one minute (PROMPTSCHED_OWNER_RUNS_PER_MINUTE,
+-- 0: no quota). The pending rows of an owner past its minute's room are deferred, never
+-- dropped: they are written pending, available at the start of the first later minute with
+-- room (docs/reliability.md, "Fair to every owner"); `deferred` counts them. The minutes'
+-- counts are kept in owner_minutes (0037_owner_lanes.sql), one row per concurrent writer
+-- (shard: the backend), so two batches of one owner never wait for each other's commit.
 WITH t AS (
-    SELECT * FROM unnest($2::bigint[], $3::integer[]) AS t(id, variant)
+    -- $16: each schedule's owner, for its runs (the claim's lanes, 0037_owner_lanes.sql)
+    SELECT * FROM unnest($2::bigint[], $3::integer[], $16::text[]) AS t(id, variant, owner)
 ), v AS (
     SELECT * FROM unnest($4::timestamptz[], $5::boolean[], $6::text[], $7::integer[],
                          $8::text[]) WITH ORDINALITY
@@ -147,17 +166,72 @@ WITH t AS (
       AND schedule_id = ANY (ARRAY(SELECT id FROM doomed)) AND status = 'running'
       AND NOT cancel_requested
     RETURNING 1
-), inserted AS (
-    INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
-                      max_attempts, available_at, serial, finished_at, created_at)
-    SELECT t.id, r.slot, 'cadence', r.status, r.skip_reason, r.missed, v.provider,
-           v.max_attempts, r.available_at, v.overlap_policy IN ('buffer_one', 'buffer_all'),
-           CASE WHEN r.status = 'skipped' THEN coalesce($1::timestamptz, now()) END,
-           -- the real instant, not the transaction's start: tick lag is measured from it
-           coalesce($1::timestamptz, clock_timestamp())
+), rows AS MATERIALIZED (
+    SELECT t.id, r.slot, r.status, r.skip_reason, r.missed, v.provider, v.max_attempts,
+           r.available_at, v.overlap_policy, t.owner
     FROM t
     JOIN v USING (variant)
     JOIN r USING (variant)
+), tally AS (
+    -- Per owner (only with a quota): its pending rows of this batch, and its minute's count.
+    SELECT w.owner, count(*) AS n,
+           coalesce((SELECT sum(m.runs) FROM owner_minutes m
+                     WHERE m.owner = w.owner
+                       AND m.minute = date_trunc('minute', coalesce($1::timestamptz, now()))),
+                    0) AS used
+    FROM rows w
+    WHERE $17::integer > 0 AND w.status = 'pending'
+    GROUP BY w.owner
+), placed AS (
+    -- The pending rows of the owners this batch takes past their quota (none, mostly), in
+    -- slot order, each with the minute it counts in (0: this one, 1: the next, ...).
+    SELECT w.id, w.slot,
+           ((o.used + row_number() OVER (PARTITION BY w.owner ORDER BY w.slot, w.id) - 1)
+            / $17::integer)::integer AS later
+    FROM rows w
+    JOIN tally o ON o.owner = w.owner AND o.used + o.n > $17::integer
+    WHERE w.status = 'pending'
+), deferrals AS (
+    -- The deferred rows as one map from run (schedule@slot) to its minute, read by key for
+    -- each row: joined to the batch instead, a misestimate could compare every row with
+    -- every deferred one.
+    SELECT coalesce(jsonb_object_agg(p.id::text || '@' || extract(epoch FROM p.slot)::text,
+                                     p.later) FILTER (WHERE p.later > 0), '{}') AS later,
+           count(*) FILTER (WHERE p.later > 0)::int AS deferred
+    FROM placed p
+), counted AS (
+    INSERT INTO owner_minutes (owner, minute, shard, runs)
+    SELECT w.owner,
+           date_trunc('minute', coalesce($1::timestamptz, now()))
+               + coalesce((d.later ->> (w.id::text || '@' || extract(epoch FROM w.slot)::text))
+                          ::integer, 0) * interval '1 minute',
+           pg_backend_pid() % 16, count(*)
+    FROM rows w
+    CROSS JOIN deferrals d
+    WHERE $17::integer > 0 AND w.status = 'pending'
+    GROUP BY 1, 2, 3
+    ON CONFLICT (owner, minute, shard) DO UPDATE SET runs = owner_minutes.runs + excluded.runs
+), pruned AS (
+    DELETE FROM owner_minutes
+    WHERE owner = ANY (ARRAY(SELECT owner FROM tally))
+      AND minute < date_trunc('minute', coalesce($1::timestamptz, now())) - interval '1 hour'
+), inserted AS (
+    INSERT INTO runs (schedule_id, slot, origin, status, skip_reason, missed_slots, provider,
+                      max_attempts, available_at, serial, finished_at, created_at, owner)
+    SELECT w.id, w.slot, 'cadence', w.status, w.skip_reason, w.missed, w.provider,
+           w.max_attempts,
+           CASE WHEN d.deferred = 0 THEN w.available_at
+                ELSE greatest(w.available_at,
+                              date_trunc('minute', coalesce($1::timestamptz, now()))
+                              + coalesce((d.later ->> (w.id::text || '@'
+                                                       || extract(epoch FROM w.slot)::text))
+                                         ::integer, 0) * interval '1 minute') END,
+           w.overlap_policy IN ('buffer_one', 'buffer_all'),
+           CASE WHEN w.status = 'skipped' THEN coalesce($1::timestamptz, now()) END,
+           -- the real instant, not the transaction's start: tick lag is measured from it
+           coalesce($1::timestamptz, clock_timestamp()), w.owner
+    FROM rows w
+    CROSS JOIN deferrals d
     ON CONFLICT (schedule_id, slot) WHERE origin = 'cadence' DO NOTHING
     RETURNING id, schedule_id, slot, status, skip_reason, missed_slots, created_at
 ), woke AS (
@@ -173,7 +247,8 @@ SELECT count(*) FILTER (WHERE status = 'pending')::int AS enqueued,
                 FILTER (WHERE $15::boolean OR status <> 'pending'), '{}') AS logged,
        (SELECT count(*) FROM cancelled)::int AS cancelled,
        (SELECT count(*) FROM signalled)::int AS signalled,
-       (SELECT count(*) FROM woke)::int AS woken
+       (SELECT count(*) FROM woke)::int AS woken,
+       (SELECT deferred FROM deferrals) AS deferred
 FROM inserted
 -- The tick's commit does not wait for its WAL flush (docs/reliability.md, "Which commits
 -- wait"): a tick lost to a database crash leaves its cursors where they were, so the next
