@@ -391,6 +391,45 @@ CREATE FUNCTION public.provider_running_count(p_provider text) RETURNS integer
     SELECT coalesce(sum(CASE WHEN side = 'started' THEN runs ELSE -runs END), 0)::integer
     FROM provider_running WHERE provider = p_provider
 $$;
+CREATE FUNCTION public.run_claim_lanes(p_provider text, p_now timestamp with time zone, p_limit integer) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH RECURSIVE lanes AS (
+        (SELECT r.owner FROM runs r
+         WHERE r.status = 'pending' AND r.provider = p_provider
+         ORDER BY r.owner DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.owner FROM runs r
+                WHERE r.status = 'pending' AND r.provider = p_provider AND r.owner < l.owner
+                ORDER BY r.owner DESC LIMIT 1)
+        FROM lanes l
+        WHERE l.owner IS NOT NULL
+    )
+    SELECT c.id
+    FROM lanes l
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.available_at
+        FROM runs r
+        WHERE r.status = 'pending'
+          AND r.provider = p_provider
+          AND r.owner = l.owner
+          AND r.available_at <= p_now
+          AND (NOT r.serial OR NOT EXISTS (
+                SELECT 1 FROM runs o
+                WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                  AND o.slot < r.slot))
+        ORDER BY r.available_at, r.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE l.owner IS NOT NULL
+    ORDER BY row_number() OVER (PARTITION BY l.owner ORDER BY c.available_at, c.id),
+             c.available_at, c.id
+    LIMIT p_limit;
+END
+$$;
 CREATE FUNCTION public.run_claimable_count(p_provider text, p_now timestamp with time zone, p_limit integer) RETURNS integer
     LANGUAGE plpgsql STABLE
     AS $$
@@ -738,6 +777,12 @@ CREATE TABLE public.owner_budgets (
     CONSTRAINT owner_budgets_budget_check CHECK ((jsonb_typeof(budget) = 'object'::text)),
     CONSTRAINT owner_budgets_owner_check CHECK ((owner <> ''::text))
 );
+CREATE TABLE public.owner_minutes (
+    owner text NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    shard integer NOT NULL,
+    runs integer NOT NULL
+);
 CREATE TABLE public.promptsched_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -826,6 +871,7 @@ CREATE TABLE public.runs (
     route smallint DEFAULT 0 NOT NULL,
     model text,
     cleaned_chars integer,
+    owner text DEFAULT ''::text NOT NULL,
     CONSTRAINT runs_lease_only_while_running CHECK (((lease_expires_at IS NULL) OR (status = 'running'::text))),
     CONSTRAINT runs_origin_check CHECK ((origin = ANY (ARRAY['cadence'::text, 'manual'::text, 'backfill'::text, 'replay'::text, 'check'::text]))),
     CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::text) OR ((attempt_id IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
@@ -943,6 +989,8 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.owner_budgets
     ADD CONSTRAINT owner_budgets_pkey PRIMARY KEY (owner);
+ALTER TABLE ONLY public.owner_minutes
+    ADD CONSTRAINT owner_minutes_pkey PRIMARY KEY (owner, minute, shard);
 ALTER TABLE ONLY public.promptsched_migrations
     ADD CONSTRAINT promptsched_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE ONLY public.promptsched_schema
@@ -977,6 +1025,7 @@ CREATE UNIQUE INDEX runs_cadence_slot_key ON public.runs USING btree (schedule_i
 CREATE INDEX runs_claim_idx ON public.runs USING btree (provider, available_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX runs_finished_idx ON public.runs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX runs_lease_idx ON public.runs USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
+CREATE INDEX runs_owner_claim_idx ON public.runs USING btree (provider, owner, available_at, id) WHERE (status = 'pending'::text);
 CREATE UNIQUE INDEX runs_replay_key ON public.runs USING btree (replay_of) WHERE (origin = 'replay'::text);
 CREATE INDEX runs_replay_of_idx ON public.runs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX runs_schedule_idx ON public.runs USING btree (schedule_id, slot DESC);
