@@ -4,12 +4,15 @@ never lost; API requests per token per second, answered 429 with Retry-After."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 from aiohttp.test_utils import TestClient
 
+from promptsched import config as configuration
 from promptsched.api import app as api_app
 from promptsched.clock import FrozenClock
 from promptsched.config import SchedulerSettings
@@ -149,7 +152,8 @@ async def test_without_a_runs_quota_nothing_is_counted_or_deferred(
 ) -> None:
     for _ in range(5):
         await factories.schedule(pool, expression="0 9 * * *", next_fire_at=EPOCH)
-    scheduler = Scheduler(pool, FrozenClock(EPOCH), Metrics(), SchedulerSettings())
+    settings = SchedulerSettings(owner_runs_per_minute=0)
+    scheduler = Scheduler(pool, FrozenClock(EPOCH), Metrics(), settings)
     counts = await scheduler.run_once()
     assert counts.enqueued == 5 and counts.deferred == 0
     assert await pool.fetchval("SELECT count(*) FROM owner_minutes") == 0
@@ -194,3 +198,16 @@ async def test_a_token_over_its_request_rate_is_answered_429_with_retry_after(
         clock.now += 1.0  # two seconds: one request's worth
         assert (await api.get("/v1/schedules", alice)).status == 200
         assert (await api.get("/v1/schedules", alice)).status == 429
+
+
+def test_the_quotas_defaults_are_the_documented_ones() -> None:
+    """docs/deploying.md's quota table against what the configuration applies."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "deploying.md").read_text()
+    table = dict(re.findall(r"^\| `(PROMPTSCHED_[A-Z_]+)` \| `?([^`|]+?)`? \|", text, re.M))
+    config = configuration.load({})
+    assert table[QUOTA_SETTING] == str(config.owner_max_schedules) == "10000"
+    assert config.api.max_schedules == 10_000
+    assert table["PROMPTSCHED_OWNER_RUNS_PER_MINUTE"] == "20000"
+    assert config.scheduler.owner_runs_per_minute == 20_000
+    assert table["PROMPTSCHED_API_RATE"] == "20" and config.api.rate == 20.0
+    assert "`PROMPTSCHED_API_BURST`, default `100`" in text and config.api.burst == 100

@@ -75,5 +75,5 @@ CREATE TABLE owner_minutes (
 -- The claim's lanes: one per (provider, owner), each in the claim order of runs_claim_idx.
 -- Partial on pending, as runs_claim_idx: a claimed run leaves both, and only an insert (or a
 -- run back to pending) writes an entry here. Built without blocking the writes to runs.
-CREATE INDEX CONCURRENTLY runs_owner_claim_idx ON runs (provider, owner, available_at, id)
-WHERE status = 'pending';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS runs_owner_claim_idx
+ON runs (provider, owner, available_at, id) WHERE status = 'pending';

@@ -203,8 +203,10 @@ WITH t AS (
     INSERT INTO owner_minutes (owner, minute, shard, runs)
     SELECT w.owner,
            date_trunc('minute', coalesce($1::timestamptz, now()))
-               + coalesce((d.later ->> (w.id::text || '@' || extract(epoch FROM w.slot)::text))
-                          ::integer, 0) * interval '1 minute',
+               + CASE WHEN d.deferred = 0 THEN 0
+                      ELSE coalesce((d.later ->> (w.id::text || '@'
+                                                  || extract(epoch FROM w.slot)::text))
+                                    ::integer, 0) END * interval '1 minute',
            pg_backend_pid() % 16, count(*)
     FROM rows w
     CROSS JOIN deferrals d
