@@ -104,8 +104,8 @@ class ApiSettings:
     trusted_proxies: tuple[IPNetwork, ...] = ()
     public_https: bool = False  # PROMPTSCHED_PUBLIC_URL is https
     max_schedules: int = 10_000  # per owner (PROMPTSCHED_OWNER_MAX_SCHEDULES); 0: no quota
-    rate: float = 20.0  # requests per second per token (PROMPTSCHED_API_RATE); 0: no limit
-    burst: int = 100
+    rate: float = 50.0  # requests per second per token (PROMPTSCHED_API_RATE); 0: no limit
+    burst: int = 200
 
 
 # Set in the environment of `promptsched run` to make the notifier SIGKILL its own process
@@ -182,8 +182,8 @@ class Config:
     # Per-owner quotas (docs/deploying.md, "Quotas"); 0 turns one off.
     owner_max_schedules: int = 10_000  # schedules an owner may have (follow-ups apart)
     owner_runs_per_minute: int = 20_000  # runs the scheduler makes due for an owner a minute
-    api_rate: float = 20.0  # API requests per second per token, in each replica
-    api_burst: int = 100  # ... of which this many at once
+    api_rate: float = 50.0  # API requests per second per token, in each replica
+    api_burst: int = 200  # ... of which this many at once
     # agent tools (docs/agents.md): MCP servers as JSON, over the TOML file's [mcp.NAME] tables
     mcp_servers: str | None = None
     # PROVIDER[:MODEL]=INPUT/OUTPUT per million tokens (prices.py); empty: costs are not known.

@@ -209,5 +209,5 @@ def test_the_quotas_defaults_are_the_documented_ones() -> None:
     assert config.api.max_schedules == 10_000
     assert table["PROMPTSCHED_OWNER_RUNS_PER_MINUTE"] == "20000"
     assert config.scheduler.owner_runs_per_minute == 20_000
-    assert table["PROMPTSCHED_API_RATE"] == "20" and config.api.rate == 20.0
-    assert "`PROMPTSCHED_API_BURST`, default `100`" in text and config.api.burst == 100
+    assert table["PROMPTSCHED_API_RATE"] == "50" and config.api.rate == 50.0
+    assert "`PROMPTSCHED_API_BURST`, default `200`" in text and config.api.burst == 200
