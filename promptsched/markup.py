@@ -31,8 +31,9 @@ _ATTRIBUTES: Final = {
 _URL_SCHEMES: Final = frozenset({"http", "https", "mailto"})
 
 # html=False: raw HTML in the model's output is shown as text, never passed through; the
-# sanitizer below is the second wall, not the only one.
-_MD: Final = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
+# sanitizer below is the second wall, not the only one. breaks=True: a model's line break is
+# a line break (a status line per line), not the space CommonMark makes of it.
+_MD: Final = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable(
     ["table", "strikethrough"]
 )
 

@@ -94,20 +94,27 @@ def _notes(row: asyncpg.Record) -> str:
     if row["error"] and row["status"] != RunStatus.SKIPPED:
         error = row["error"]
         notes.append(text.clip(error, 100))
+    decision = row["notify_decision"]
+    if isinstance(decision, dict):  # a monitor's: as `promptsched runs list` says it
+        told = "notified" if decision.get("notify") else "not notified"
+        notes.append(f"{told}: {decision.get('reason')}")
     return "; ".join(notes)
 
 
 def run_table(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Markup:
+    # one format a column: seconds on every time of it when any needs them
+    slot_seconds = timefmt.any_seconds(r["slot"] for r in rows)
+    finished_seconds = timefmt.any_seconds(r["finished_at"] for r in rows if r["finished_at"])
     return layout.table(
         ("Run", "Slot", "Origin", "Status", "Attempts", "Finished", "Notes"),
         [
             (
                 layout.link(f"/runs/{r['id']}", f"#{r['id']}"),
-                timefmt.stamp(r["slot"], where, ctx.now),
+                timefmt.stamp(r["slot"], where, ctx.now, seconds=slot_seconds),
                 r["origin"],
                 layout.badge(r["status"]),
                 f"{r['attempts']}/{r['max_attempts']}",
-                timefmt.stamp(r["finished_at"], where),
+                timefmt.stamp(r["finished_at"], where, seconds=finished_seconds),
                 _notes(r),
             )
             for r in rows
@@ -179,6 +186,15 @@ def _json_excerpt(data: Any) -> str:
         if used > EXCERPT_CHARS:
             return "".join(parts)[:EXCERPT_CHARS] + "\n… (cut here: the whole answer is the output)"
     return "".join(parts)
+
+
+def _spent(row: Any) -> str:
+    """What a run that did not succeed spent over its attempts (its usage is a success's)."""
+    tokens, cost = row["tokens"] or 0, row["cost"] or 0
+    if not tokens and not cost:
+        return "—"
+    said = f"{tokens} tokens over {row['attempts']} attempt(s)"
+    return said + (f" (cost {cost:.4f})" if cost else "")
 
 
 def _usage(usage: dict[str, Any] | None) -> str:
@@ -336,7 +352,7 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         raise NotFoundPage()
     where = timefmt.zone(schedule.timezone)
     replayed_by = parts.replay["id"] if parts.replay is not None else None
-    usage = _usage(row["usage"])
+    usage = _usage(row["usage"]) if row["usage"] else _spent(row)
     facts: list[tuple[str, object]] = [
         ("Attempts", f"{row['attempts']} of at most {row['max_attempts']}"),
         ("Provider", row["provider"]),

@@ -137,7 +137,7 @@ async def list_page(ctx: Ctx) -> web.StreamResponse:
             schedule_parts.state_badge(row, where),
         ]  # fmt: skip
         if ctx.who.admin:
-            cells.append(row.owner)
+            cells.append(_NOWRAP(text=row.owner))
         table_rows.append(cells)
     if table_rows:
         table = _SCROLL(table=layout.table(head, table_rows, cls="grid schedules"))

@@ -30,7 +30,10 @@ _REPLICA_HEAD = ("Config", "Version", "Up", "Last seen", "Slots", "In flight", "
                  "Replica")  # fmt: skip
 _PROVIDER_HEAD = ("Provider", "Kind", "Breaker", "Running", "Allowed", "Limit", "Room", "Ready",
                   "Waiting", "Later", "Pacing")  # fmt: skip
-ADMINS_ONLY = "The fleet's status is for admin sessions: log in with an admin token."
+ADMINS_ONLY = (
+    "The fleet's status is for admin sessions: log in with an admin token. Make one with: "
+    "promptsched tokens create --owner NAME --admin (it is printed once)."
+)
 
 
 def _dash(value: object) -> object:
