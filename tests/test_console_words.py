@@ -31,9 +31,10 @@ async def _finished(
     pool: asyncpg.Pool[Any], sid: int, slot: datetime, status: str, **fields: Any
 ) -> int:
     rid = await factories.pending_run(pool, sid, slot)
+    fields = {"finished_at": datetime.now(UTC), **fields}
     names = ", ".join(f"{name} = ${i + 3}" for i, name in enumerate(fields))
     await pool.execute(
-        f"UPDATE runs SET status = $2, finished_at = now(), {names} WHERE id = $1",
+        f"UPDATE runs SET status = $2, {names} WHERE id = $1",
         rid, status, *fields.values(),
     )  # fmt: skip
     return rid
@@ -84,3 +85,34 @@ async def test_line_breaks_stay_in_the_console_and_the_html_mail(
     assert "up: 3<br>\ndown: 1<br>\nslow: 2" in page.text, page.text
     mail = email_html(note(output=LINES, finished_at=datetime(2026, 3, 2, tzinfo=UTC)), None)
     assert "up: 3<br>" in mail and "down: 1<br>" in mail, mail
+
+
+async def test_overlap_skips_right_after_a_restart_name_the_run_they_waited_for(
+    ui: Console, pool: asyncpg.Pool[Any]
+) -> None:
+    """A 10-second schedule restarted mid-run: its run lost its attempt with the old process
+    and ran again; the slots skipped meanwhile say which run they waited for, and that it had
+    started before the restart (not a hang). A skip behind a run with no restart says so too."""
+    sid = await factories.schedule(pool, expression="*/10 * * * * *")
+    t = factories.EPOCH
+    old = await _finished(pool, sid, t, "succeeded", created_at=t, started_at=t,
+                          finished_at=t + timedelta(seconds=70), attempts=2)  # fmt: skip
+    await pool.execute(
+        "INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at) "
+        "VALUES (gen_random_uuid(), $1, 1, 'before-restart', 'lost', $2)",
+        old, t,
+    )  # fmt: skip
+    for i in range(1, 7):
+        at = t + timedelta(seconds=10 * i)
+        await _finished(pool, sid, at, "skipped", skip_reason="overlap", created_at=at)
+    calm = t + timedelta(seconds=80)
+    plain = await _finished(pool, sid, calm, "succeeded", created_at=calm, started_at=calm,
+                            finished_at=calm + timedelta(seconds=15))  # fmt: skip
+    await _finished(pool, sid, calm + timedelta(seconds=10), "skipped", skip_reason="overlap",
+                    created_at=calm + timedelta(seconds=10))  # fmt: skip
+    await ui.login_as("default", admin=True)
+    page = await ui.get(f"/schedules/{sid}")
+    said = f"skipped while run {old}, started before the restart, finished"
+    assert page.text.count(said) == 6, page.text
+    assert f"skipped while run {plain} was still unfinished (overlap policy)" in page.text
+    assert "an earlier run was still unfinished" not in page.text

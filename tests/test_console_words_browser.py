@@ -4,6 +4,7 @@ words changed."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -72,6 +73,23 @@ async def test_screenshots_of_the_pages_whose_words_changed(
         "error = 'openai: HTTP 500' WHERE id = $1",
         dead,
     )
+    # right after a restart: the run that lost its attempt, and a slot skipped meanwhile
+    t = factories.EPOCH
+    await pool.execute(
+        "UPDATE runs SET created_at = $2, started_at = $2, finished_at = $3 WHERE id = $1",
+        rid, t, t + timedelta(seconds=70),
+    )  # fmt: skip
+    await pool.execute(
+        "INSERT INTO ended_attempts (attempt_id, run_id, number, worker_id, status, started_at) "
+        "VALUES (gen_random_uuid(), $1, 1, 'before-restart', 'lost', $2)",
+        rid, t,
+    )  # fmt: skip
+    skip = await factories.pending_run(pool, sid, t + timedelta(seconds=20))
+    await pool.execute(
+        "UPDATE runs SET status = 'skipped', skip_reason = 'overlap', created_at = $2, "
+        "finished_at = $2 WHERE id = $1",
+        skip, t + timedelta(seconds=20),
+    )  # fmt: skip
     token, _ = await auth.create_token(pool, owner="default")
     _at_width(browser, 1280)
     _login(browser, base, token)

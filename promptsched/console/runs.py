@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
@@ -82,10 +82,29 @@ $notes
 $notes_more</section>""")
 
 
-def _notes(row: asyncpg.Record) -> str:
-    """What the history should say besides the status: skip reason, coalesced slots, replay."""
+def blockers(rows: Sequence[asyncpg.Record]) -> dict[int, int]:
+    """For each overlap skip of a page of one schedule's runs, the run it waited for: the
+    latest earlier run not skipped that was unfinished when the skip was written."""
+    found: dict[int, int] = {}
+    ran = [r for r in rows if r["status"] != RunStatus.SKIPPED and r["started_at"] is not None]
+    for skip in rows:
+        if skip["skip_reason"] != "overlap":
+            continue
+        at = skip["created_at"]
+        earlier = [r for r in ran if r["id"] < skip["id"] and r["started_at"] <= at
+                   and (r["finished_at"] is None or r["finished_at"] >= at)]  # fmt: skip
+        if earlier:
+            found[skip["id"]] = max(r["id"] for r in earlier)
+    return found
+
+
+def _notes(row: asyncpg.Record, waited: tuple[int, bool] | None = None) -> str:
+    """What the history should say besides the status: skip reason (an overlap skip with the
+    run it waited for), coalesced slots, replay."""
     notes = []
-    if row["skip_reason"]:
+    if waited is not None:
+        notes.append(human_runs.overlap_words(waited[0], restarted=waited[1]))
+    elif row["skip_reason"]:
         notes.append(human_runs.skip_words(row["skip_reason"]))
     if row["missed_slots"]:
         notes.append(f"stands for {row['missed_slots']} missed slot(s) (coalesced)")
@@ -101,7 +120,15 @@ def _notes(row: asyncpg.Record) -> str:
     return "; ".join(notes)
 
 
-def run_table(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Markup:
+def run_table(
+    ctx: Ctx,
+    rows: Sequence[asyncpg.Record],
+    where: ZoneInfo,
+    waited: Mapping[int, tuple[int, bool]] | None = None,
+) -> Markup:
+    """A schedule's runs; ``waited``: an overlap skip's run id -> the run it waited for, and
+    whether that run lost an attempt to a restart."""
+    waited = waited or {}
     # one format a column: seconds on every time of it when any needs them
     slot_seconds = timefmt.any_seconds(r["slot"] for r in rows)
     finished_seconds = timefmt.any_seconds(r["finished_at"] for r in rows if r["finished_at"])
@@ -115,7 +142,7 @@ def run_table(ctx: Ctx, rows: Sequence[asyncpg.Record], where: ZoneInfo) -> Mark
                 layout.badge(r["status"]),
                 f"{r['attempts']}/{r['max_attempts']}",
                 timefmt.stamp(r["finished_at"], where, seconds=finished_seconds),
-                _notes(r),
+                _notes(r, waited.get(r["id"])),
             )
             for r in rows
         ],

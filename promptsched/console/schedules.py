@@ -3,6 +3,7 @@ outcome, state) and the page of one schedule."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -197,6 +198,14 @@ def _run_filters(sid: int, status: str | None) -> Markup:
     return _FILTERS(links=join(links, " · "))
 
 
+async def _waited(pool: Any, rows: Sequence[Any]) -> dict[int, tuple[int, bool]]:
+    """Each overlap skip's run it waited for, and whether that run lost an attempt (a restart
+    in between): right after a restart such skips read as waiting, not as a hang."""
+    blocking = runs.blockers(rows)
+    lost = await lookups.restarted(pool, sorted(set(blocking.values())))
+    return {skip: (run, run in lost) for skip, run in blocking.items()}
+
+
 async def detail_page(ctx: Ctx) -> web.StreamResponse:
     sid = ctx.path_id()
     pool = ctx.deps.pool
@@ -230,7 +239,9 @@ async def detail_page(ctx: Ctx) -> web.StreamResponse:
         next=_next_times(row, NEXT_ON_PAGE, ctx),
         explain=await schedule_parts.explain_section(ctx, row, default_at),
         filters=_run_filters(sid, status),
-        runs=runs.run_table(ctx, found, where) if found else _EMPTY(text="No runs."),
+        runs=runs.run_table(ctx, found, where, await _waited(pool, found))
+        if found
+        else _EMPTY(text="No runs."),
         more=more,
         settings=schedule_parts.settings(
             ctx, row, await budget_ops.schedule_spend(pool, row, ctx.deps.clock)

@@ -14,6 +14,14 @@ SKIPS = {
 }
 
 
+def overlap_words(run_id: int, *, restarted: bool) -> str:
+    """An overlap skip with the run it waited for: right after a restart that run was still
+    finishing (its attempt lost with the old process, then run again), not hung."""
+    if restarted:
+        return f"skipped while run {run_id}, started before the restart, finished"
+    return f"skipped while run {run_id} was still unfinished (overlap policy)"
+
+
 def skip_words(reason: str, missed: int = 0) -> str:
     """``skipped: inside a pause``; with ``missed``, how many more slots the row stands for."""
     words = SKIPS.get(reason, f"skipped: {reason}")

@@ -75,6 +75,11 @@ async def runs_page(
     )
 
 
+async def restarted(db: DB, run_ids: list[int]) -> set[int]:
+    """Of these runs, those that lost an attempt (its process stopped: a crash, a restart)."""
+    return await queries.run_lost_among(db, run_ids) if run_ids else set()
+
+
 async def run(db: DB, run_id: int, owner: str | None) -> Record | None:
     return await queries.run_get(db, run_id, owner)
 

@@ -776,6 +776,10 @@ async def run_attempts_list(db: DB, run_id: int) -> list[Record]:
     return await db.fetch(_Q["run_attempts_list"], run_id)
 
 
+async def run_lost_among(db: DB, run_ids: list[int]) -> set[int]:
+    return {row["run_id"] for row in await db.fetch(_Q["run_lost_among"], run_ids)}
+
+
 async def run_seconds_until_lease_expiry(db: DB, now: datetime | None) -> float | None:
     value: float | None = await db.fetchval(_Q["run_seconds_until_lease_expiry"], now)
     return value

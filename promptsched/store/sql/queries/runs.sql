@@ -562,6 +562,11 @@ WHERE r.id = $1 AND ($2::text IS NULL OR s.owner = $2);
 -- name: run_attempts_list
 SELECT * FROM run_attempts WHERE run_id = $1 ORDER BY number;
 
+-- name: run_lost_among
+-- Of these runs (a page of them), those with an attempt lost: its worker stopped renewing its
+-- lease (a crash, a restart). ended_attempts_run_id_number_key serves the lookup.
+SELECT DISTINCT run_id FROM ended_attempts WHERE run_id = ANY($1::bigint[]) AND status = 'lost';
+
 -- name: run_seconds_until_lease_expiry
 -- The first entry of runs_lease_idx: a lease never outlives its deadline plus one lease
 -- (run_heartbeat_many), so the earliest lease is the reaper's next look. No row when nothing
