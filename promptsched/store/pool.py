@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import asyncpg
 import structlog
-from asyncpg.exceptions import OutdatedSchemaCacheError
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -24,12 +23,13 @@ def is_stale(exc: BaseException) -> bool:
     """A statement prepared before a schema change (an ``ALTER TABLE`` of the next release,
     run by ``promptsched migrate`` while this replica serves) no longer fits it: PostgreSQL
     refuses a cached plan whose result type changed ("cached plan must not change result
-    type", asyncpg's InvalidCachedStatementError), and asyncpg refuses a row of a composite
-    type whose layout changed (OutdatedSchemaCacheError). asyncpg dropped the statements (and
-    types) it had cached on every connection of the pool when it raised either."""
+    type", asyncpg's InvalidCachedStatementError) before running it, and asyncpg dropped the
+    statements it had cached on every connection of the pool. (Not asyncpg's
+    OutdatedSchemaCacheError: that one comes after the statement ran, and outside a
+    transaction its write is already committed, so running it again would repeat it.)"""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return is_stale(exc.exceptions[0])
-    if isinstance(exc, asyncpg.InvalidCachedStatementError | OutdatedSchemaCacheError):
+    if isinstance(exc, asyncpg.InvalidCachedStatementError):
         return True
     return isinstance(exc, asyncpg.FeatureNotSupportedError) and (
         "cached plan must not change result type" in str(exc)
