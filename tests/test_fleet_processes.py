@@ -98,7 +98,7 @@ async def test_the_cli_checks_against_the_running_fleet_and_status_reports_drift
             drifted = _status(dsn, elsewhere)
             assert drifted["fleet"]["drift"] is True and drifted["fleet"]["fingerprints"] == 2
             newest = drifted["replicas"][0]  # newest first: the second replica
-            assert newest["id"].startswith(f"{_host(second)}:{second.pid}/")
+            assert re.fullmatch(rf"{_host(second)}:{second.pid}/[0-9a-f]{{8}}", newest["id"])
             # One against one: the newest replica's configuration is the fleet's (a rolling
             # change starts with the new one), and the other replica differs from it.
             assert newest["drift"] is False and newest["differs"] == []
@@ -147,6 +147,7 @@ async def _console(dsn: str, service: Service, path: str, *, admin: bool) -> str
 
 
 def _host(service: Service) -> str:
+    """Its worker id but the pid: the host and the random part."""
     return str(service.has_event("supervisor.ready")["worker_id"]).rsplit(":", 1)[0]  # type: ignore[index]
 
 
@@ -157,7 +158,7 @@ async def _equals(value: Any, expected: float) -> bool:
 # --- golden output ---------------------------------------------------------------------------
 
 _VOLATILE: list[tuple[str, str]] = [
-    (r"[\w.-]+:\d+/[0-9a-f]{8}", "<replica>"),
+    (r"[\w.-]+:[0-9a-f]{6}:\d+/[0-9a-f]{8}", "<replica>"),
     (r"\b[0-9a-f]{16}\b", "<fingerprint>"),
     (r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "<time>"),
     (r"\b\d+ (?:ms|s|min|h|d)(?: \d+ (?:ms|s|min|h|d))?(?: ago)?\b", "<duration>"),
