@@ -41,19 +41,20 @@ async def schedule(
     notify_when: str = "always",
     notify: dict[str, Any] | None = None,
     name: str | None = None,
+    owner: str = "default",
 ) -> int:
-    """A schedule row, named ``name``, else ``test`` (``test 2``, ``test 3``... when that is
-    taken: the database keeps names unique per owner, migration 0035)."""
+    """A schedule row of ``owner``, named ``name``, else ``test`` (``test 2``, ``test 3``...
+    when that is taken: the database keeps names unique per owner, migration 0036)."""
     if name is None:
         taken = await pool.fetchval(
-            "SELECT count(*) FROM schedules WHERE owner = 'default' AND name ~ '^test( \\d+)?$'"
+            "SELECT count(*) FROM schedules WHERE owner = $1 AND name ~ '^test( \\d+)?$'", owner
         )
         name = "test" if not taken else f"test {taken + 1}"
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, params, max_attempts, timeout, "
         "overlap_policy, enabled, next_fire_at, timezone, misfire_policy, output_schema, "
-        "notify_when, notify) VALUES ($15, $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, "
-        "$11, $12, $13, $14) RETURNING id",
+        "notify_when, notify, owner) VALUES ($15, $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, "
+        "$10, $11, $12, $13, $14, $16) RETURNING id",
         kind,
         expression,
         prompt,
@@ -69,6 +70,7 @@ async def schedule(
         notify_when,
         notify or {},
         name,
+        owner,
     )
     return sid
 

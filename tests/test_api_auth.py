@@ -125,6 +125,7 @@ MATRIX = [
     ("POST", "/v1/runs/{id}/replay", "dead", None, 201),
     ("GET", "/v1/runs/{id}/events", "dead", None, 200),  # a final run: the stream ends
     ("GET", "/v1/runs/{id}/diff/{other}", "done", None, 200),  # compared with itself
+    ("GET", "/v1/runs/{id}/output", "done", None, 200),
     ("POST", "/v1/notifications/{id}/replay", "notification", None, 200),
 ]
 

@@ -6,7 +6,6 @@ SIGKILLed mid-rush and restarted: nothing is lost and nothing is doubled."""
 from __future__ import annotations
 
 import signal
-import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,11 @@ PARALLEL = 16
 
 
 async def _replica(dsn: str, tmp_path: Path, name: str) -> tuple[Service, str]:
-    service = Service(dsn, tmp_path / f"{name}.log", args=("--workers", "16"))
+    # A thousand follow-ups as fast as one token can ask: past the API's rate per token
+    # (PROMPTSCHED_API_RATE, tests/test_quotas.py), which this test is not about.
+    service = Service(
+        dsn, tmp_path / f"{name}.log", args=("--workers", "16"), env={"PROMPTSCHED_API_RATE": "0"}
+    )
     port = (await service.wait_event("api.listening", timeout=60))["port"]
     await service.ready()
     return service, f"http://127.0.0.1:{port}"
@@ -87,7 +90,7 @@ async def test_a_thousand_keyed_followups_survive_a_sigkill(
         assert len({ids[0] for ids in schedules.values()}) == COUNT
         assert {tuple(s[-1:]) for k, s in statuses.items() if k in cancelled} == {(204,)}
 
-        holder = f"{socket.gethostname()}:{b.process.pid}"  # b's worker id
+        holder = (await b.ready())["worker_id"]
 
         async def b_holds_checks_mid_rush() -> bool:
             # Each replica's slots run their 300 ms checks in step, so the moment a count of

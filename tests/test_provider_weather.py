@@ -72,8 +72,9 @@ async def _burst(
     """``count`` runs due now (a backfill's worth) of a new schedule, every replica woken."""
     sid: int = await pool.fetchval(
         "INSERT INTO schedules (name, kind, expression, prompt, provider, enabled, next_fire_at,"
-        " max_attempts, give_up_after, fallback) VALUES ($1, 'cron', '0 0 1 1 *', 'hello', $1,"
-        " true, NULL, $2, $3::text::interval, $4) RETURNING id",
+        " max_attempts, give_up_after, fallback) VALUES ($1 || ' ' || (SELECT count(*) + 1"
+        " FROM schedules), 'cron', '0 0 1 1 *', 'hello', $1, true, NULL, $2, $3::text::interval,"
+        " $4) RETURNING id",  # a provider's bursts named apart: names are unique per owner
         provider, max_attempts, give_up_after, fallback or [],
     )  # fmt: skip
     await pool.execute(

@@ -18,7 +18,9 @@ BODY = {"cron": "0 9 * * 1", "prompt": "p", "timezone": "Europe/Paris"}
 
 
 async def test_the_migration_renames_later_duplicates_and_says_so(pool: asyncpg.Pool[Any]) -> None:
-    # The state before 0032: no registry, and names shared within an owner.
+    # The state before 0032: no registry (nor 0036's guard over it), and names shared
+    # within an owner.
+    await pool.execute("DROP TRIGGER schedules_name_unique ON schedules")
     await pool.execute("DROP TABLE schedule_names")
     first = await factories.schedule(pool, name="weekly")
     second = await factories.schedule(pool, name="weekly")
@@ -78,10 +80,8 @@ async def test_the_cli_takes_a_name_wherever_it_takes_an_id(
     pool: asyncpg.Pool[Any], dsn: str
 ) -> None:
     weekly = await factories.schedule(pool, name="weekly", expression="0 9 * * 1")
-    bobs = await factories.schedule(pool, name="daily")
-    alices = await factories.schedule(pool, name="daily")
-    await pool.execute("UPDATE schedules SET owner = 'bob' WHERE id = $1", bobs)
-    await pool.execute("UPDATE schedules SET owner = 'alice' WHERE id = $1", alices)
+    bobs = await factories.schedule(pool, name="daily", owner="bob")
+    alices = await factories.schedule(pool, name="daily", owner="alice")
     done = run_cli("schedules", "trigger", "weekly", dsn=dsn)
     assert done.returncode == 0 and "triggered run" in done.stdout, done.stderr
     assert await pool.fetchval("SELECT schedule_id FROM runs WHERE origin = 'manual'") == weekly

@@ -312,6 +312,15 @@ class GeminiExecutor(chat.ChatExecutor):
     models_path = "/v1beta/models"
     models_field = "models"
 
+    @staticmethod
+    def key_refused(status: int | None, message: str) -> bool:
+        """Gemini refuses a wrong key with a 400 (``API_KEY_INVALID``: "API key not valid"),
+        not a 401."""
+        wrong_key = status == 400 and (
+            "API key not valid" in message or "API_KEY_INVALID" in message
+        )
+        return status in (401, 403) or wrong_key
+
     def url(self, model: str) -> str:
         name = quote(model.removeprefix("models/"), safe="-._~")
         return f"{self._base_url}/v1beta/models/{name}:generateContent"
