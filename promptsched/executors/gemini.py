@@ -319,7 +319,7 @@ class GeminiExecutor(chat.ChatExecutor):
         wrong_key = status == 400 and (
             "API key not valid" in message or "API_KEY_INVALID" in message
         )
-        return status in (401, 403) or wrong_key
+        return wrong_key or chat.ChatExecutor.key_refused(status, message)
 
     def url(self, model: str) -> str:
         name = quote(model.removeprefix("models/"), safe="-._~")
